@@ -1,0 +1,27 @@
+"""IO-aware exact attention kernels behind one interface.
+
+- `flash_attn_func`, `flash_attn_varlen_func`: the fused Triton FlashAttention kernel (kernels/flash.py).
+- `blocksparse_attn_func` and the sparsity patterns: block-sparse FlashAttention (kernels/blocksparse.py).
+- `standard_attention`: the plain-PyTorch baseline and test reference (kernels/standard.py).
+- `kernels.attention`: the nn.Module wrappers that `configs/attn/*.yaml` name.
+
+Kernel modules import triton lazily so that the standard path works where triton is absent.
+"""
+from kernels.standard import standard_attention
+
+_LAZY = {
+    "flash_attn_func": "kernels.flash",
+    "flash_attn_varlen_func": "kernels.flash",
+    "blocksparse_attn_func": "kernels.blocksparse",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+
+
+__all__ = ["standard_attention", *_LAZY]
