@@ -50,7 +50,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def check_layout_tensor(blocks: torch.Tensor, nheads: int | None, nblocks_q: int, nblocks_k: int) -> None:
     """Raise a ValueError/TypeError naming the expected shape when `blocks` is not a valid layout."""
-    heads = "1" if nheads is None else f"{nheads} or 1"
+    heads = "1" if nheads in (None, 1) else f"{nheads} or 1"
     expected = f"({heads}, {nblocks_q}, {nblocks_k})"
     if not isinstance(blocks, torch.Tensor):
         raise TypeError(f"layout must be a bool tensor of shape {expected}, got {type(blocks).__name__}")
