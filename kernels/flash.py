@@ -1,0 +1,765 @@
+"""FlashAttention in Triton: fused, exact, IO-aware attention (Dao et al., 2022) with the
+FlashAttention-2 work partitioning (Dao, 2023).
+
+Algorithm
+- Forward: one program per (query block, batch x head). Q stays in registers; K/V tiles stream
+  through SRAM; an online softmax in base 2 (log2(e) folded into the scale) keeps the running max
+  m_i, the normaliser l_i and the unnormalised output acc. Only O and the log-sum-exp are written:
+  the N x N score matrix never reaches HBM.
+- Backward: delta = rowsum(dO * O) (a small kernel), then two kernels that recompute the scores
+  blockwise: dK/dV (one program per key block; loops over the query blocks and, for grouped-query
+  attention, over the query heads of the group) and dQ (one program per query block; loops over key
+  blocks). No atomics anywhere, so reruns are bit-identical.
+- Causal masking is bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). Tiles that
+  are fully masked are skipped; only the tiles on the diagonal and at the sequence end pay for masking
+  (two loop stages per kernel). A query row that sees no key gets O = 0, LSE = -inf, zero gradient.
+- Dropout is fused: a counter-based Philox stream keyed on a seed drawn from torch's generator on the
+  inputs' device, counter = (key index, query index, batch * nheads + head). Backward regenerates the
+  same mask; no mask is stored. `dropout_keep_mask` returns the kernel's mask for tests.
+- Varlen (packed sequences, cu_seqlens) runs through the same kernels with the VARLEN constexpr.
+
+Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact under the
+interpreter), head dims that are multiples of 8 up to 256 (padded to a power of two with masked
+loads), any sequence lengths, GQA/MQA, strided inputs (last dim must be contiguous; otherwise copied).
+
+Known limits: head dim 256 runs but is not tuned; no attention bias / alibi / sliding window; the
+backward recomputes QK^T and dO V^T in both backward kernels (7 matmuls instead of 5) as the price
+of having no atomics.
+
+Layout of this module (the block-sparse kernel in kernels/blocksparse.py reuses the SHARED parts):
+@triton.jit building blocks -> @triton.jit kernels -> host launchers with input checks ->
+autograd.Function -> public `flash_attn_func` / `flash_attn_varlen_func`.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shared @triton.jit building blocks
+# ---------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def dropout_keep(seed, bh, rows, cols, drop_thresh):
+    """Dropout keep-mask for query indices `rows` and key indices `cols` of head `bh`.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    seed: int64 scalar (the value loaded from the seed tensor); bh: batch * nheads + query head;
+    rows, cols: int32 index tensors that broadcast against each other (rows[:, None], cols[None, :]
+    gives an (M, N) mask; rows[None, :], cols[:, None] its transpose); drop_thresh: int in [0, 2^24],
+    round(dropout_p * 2^24). An element is kept iff the top 24 bits of Philox(seed; cols, rows, bh, 0)
+    are >= drop_thresh, so P(keep) = 1 - dropout_p. Positions are absolute within a sequence, so any
+    tiling (and the varlen path) draws the same mask.
+    """
+    c0 = cols + rows * 0
+    c1 = rows + cols * 0
+    c2 = c0 * 0 + bh
+    r, _, _, _ = tl.philox(seed, c0, c1, c2, c0 * 0)
+    r24 = (r >> 8).to(tl.int32)
+    return r24 >= drop_thresh
+
+
+@triton.jit
+def load_tile(ptr_base, stride_row, rows, offs_d, row_limit, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              MASK_ROWS: tl.constexpr):
+    """Load a (len(rows), BLOCK_D) tile; rows >= row_limit and columns >= HEAD_DIM read as 0.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    """
+    ptrs = ptr_base + rows[:, None].to(tl.int64) * stride_row + offs_d[None, :]
+    if MASK_ROWS:
+        if HEAD_DIM == BLOCK_D:
+            t = tl.load(ptrs, mask=rows[:, None] < row_limit, other=0.0)
+        else:
+            t = tl.load(ptrs, mask=(rows[:, None] < row_limit) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if HEAD_DIM == BLOCK_D:
+            t = tl.load(ptrs)
+        else:
+            t = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return t
+
+
+@triton.jit
+def fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m, offs_n, offs_d,
+                   seqlen_k, diag_offset, qk_scale, seed, bh, drop_thresh,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                   MASK_SEQ: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    """One online-softmax step of the forward pass over the key/value tile starting at `start_n`.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    acc (BLOCK_M, BLOCK_D) fp32, m_i / l_i (BLOCK_M,) fp32 in base-2 units: running state.
+    q: the loaded query tile (BLOCK_M, BLOCK_D); k_base / v_base: pointers to this (batch, kv head)'s
+    row 0; offs_m: absolute query indices of the tile; offs_n: tl.arange(0, BLOCK_N); offs_d:
+    tl.arange(0, BLOCK_D). qk_scale = softmax_scale * log2(e). diag_offset = seqlen_k - seqlen_q.
+    MASK_CAUSAL applies the bottom-right causal mask, MASK_SEQ masks keys >= seqlen_k; leave both off
+    for tiles that are fully visible (the fast path). With HAS_DROPOUT, dropped probabilities are left
+    out of acc but kept in l_i; the caller multiplies the final output by 1 / (1 - p).
+    A row whose keys are all masked so far keeps m_i = -inf and contributes nothing (no NaN).
+    Returns the new (acc, m_i, l_i).
+    """
+    cols = start_n + offs_n
+    k = load_tile(k_base, stride_kn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASK_SEQ)
+    qk = tl.dot(q, tl.trans(k))
+    if MASK_CAUSAL or MASK_SEQ:
+        if MASK_CAUSAL and MASK_SEQ:
+            allowed = (cols[None, :] <= offs_m[:, None] + diag_offset) & (cols[None, :] < seqlen_k)
+        elif MASK_CAUSAL:
+            allowed = cols[None, :] <= offs_m[:, None] + diag_offset
+        else:
+            allowed = (cols[None, :] < seqlen_k) & (offs_m[:, None] >= 0)
+        qk = tl.where(allowed, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        # Rows with no visible key yet: subtract 0 instead of -inf so exp2 gives 0, not NaN.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_use = m_new
+    p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v = load_tile(v_base, stride_vn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASK_SEQ)
+    if HAS_DROPOUT:
+        keep = dropout_keep(seed, bh, offs_m[:, None], cols[None, :], drop_thresh)
+        p = tl.where(keep, p, 0.0)
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m,
+                        offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                        HAS_DROPOUT: tl.constexpr):
+    """Accumulate one query tile's contribution to dK and dV of a fixed key tile.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    dk, dv (BLOCK_N, BLOCK_D) fp32 accumulators (dk without the softmax scale: multiply at the end);
+    k, v: the loaded key/value tile; cols: absolute key indices of the tile (BLOCK_N,);
+    q_base / do_base: pointers to row 0 of this (batch, query head); lse_base / delta_base: pointers
+    to this head's LSE (base-2 units, as the forward stores it) and delta rows; offs_m:
+    tl.arange(0, BLOCK_M); rows >= seqlen_q are masked on load (they contribute zero), so no
+    sequence-end flag is needed. Keys >= seqlen_k need no mask either: their dK/dV rows are not stored.
+    MASK_CAUSAL applies the bottom-right causal mask. Returns the new (dk, dv).
+    """
+    rows = start_m + offs_m
+    q = load_tile(q_base, stride_qm, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
+    do = load_tile(do_base, stride_dom, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
+    lse = tl.load(lse_base + rows, mask=rows < seqlen_q, other=float("inf"))
+    # Rows that saw no key have LSE = -inf; +inf makes their probabilities exp2(-inf) = 0.
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
+    qkT = tl.dot(k, tl.trans(q))
+    pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
+    if MASK_CAUSAL:
+        pT = tl.where(cols[:, None] <= rows[None, :] + diag_offset, pT, 0.0)
+    dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
+    if HAS_DROPOUT:
+        keepT = dropout_keep(seed, bh, rows[None, :], cols[:, None], drop_thresh)
+        pdT = tl.where(keepT, pT * drop_scale, 0.0)
+        dv = tl.dot(pdT.to(do.dtype), do, dv)
+        dpT = tl.where(keepT, dpT * drop_scale, 0.0)
+    else:
+        dv = tl.dot(pT.to(do.dtype), do, dv)
+    dsT = pT * (dpT - delta[None, :])
+    dk = tl.dot(dsT.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n, offs_d,
+                      seqlen_k, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                      MASK_SEQ: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    """Accumulate one key tile's contribution to dQ of a fixed query tile.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    dq (BLOCK_M, BLOCK_D) fp32 (without the softmax scale: multiply at the end); q, do: loaded tiles;
+    lse: (BLOCK_M,) base-2 LSE with -inf already replaced by +inf (see `load_row_stats`); delta:
+    (BLOCK_M,); rows: absolute query indices; offs_n: tl.arange(0, BLOCK_N). MASK_SEQ masks keys
+    >= seqlen_k (needed here: dQ sums over keys). Returns the new dq.
+    """
+    cols = start_n + offs_n
+    k = load_tile(k_base, stride_kn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASK_SEQ)
+    v = load_tile(v_base, stride_vn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASK_SEQ)
+    qk = tl.dot(q, tl.trans(k))
+    p = tl.math.exp2(qk * qk_scale - lse[:, None])
+    if MASK_CAUSAL or MASK_SEQ:
+        if MASK_CAUSAL and MASK_SEQ:
+            allowed = (cols[None, :] <= rows[:, None] + diag_offset) & (cols[None, :] < seqlen_k)
+        elif MASK_CAUSAL:
+            allowed = cols[None, :] <= rows[:, None] + diag_offset
+        else:
+            allowed = (cols[None, :] < seqlen_k) & (rows[:, None] >= 0)
+        p = tl.where(allowed, p, 0.0)
+    dp = tl.dot(do, tl.trans(v)).to(tl.float32)
+    if HAS_DROPOUT:
+        keep = dropout_keep(seed, bh, rows[:, None], cols[None, :], drop_thresh)
+        dp = tl.where(keep, dp * drop_scale, 0.0)
+    ds = p * (dp - delta[:, None])
+    dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def load_row_stats(lse_base, delta_base, rows, seqlen_q):
+    """Load (lse, delta) for query rows, ready for `bwd_dq_block_step` (-inf LSE -> +inf).
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    """
+    lse = tl.load(lse_base + rows, mask=rows < seqlen_q, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
+    return lse, delta
+
+
+@triton.jit
+def seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN: tl.constexpr):
+    """(q_start, seqlen_q, k_start, seqlen_k) of sequence b; without VARLEN starts are 0.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    """
+    if VARLEN:
+        q_start = tl.load(cu_seqlens_q + b)
+        seqlen_q = tl.load(cu_seqlens_q + b + 1) - q_start
+        k_start = tl.load(cu_seqlens_k + b)
+        seqlen_k = tl.load(cu_seqlens_k + b + 1) - k_start
+    else:
+        q_start = tl.program_id(0) * 0  # a tensor, so callers can .to(tl.int64) it
+        k_start = q_start
+    return q_start, seqlen_q, k_start, seqlen_k
+
+
+# ---------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, group,
+                qk_scale, drop_thresh, drop_scale,
+                stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+                TUNE_Q, TUNE_K,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN)
+    if start_m >= seqlen_q:
+        return
+    b64 = b.to(tl.int64)
+    q_base = Q + b64 * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qm
+    k_base = K + b64 * stride_kb + (h // group) * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + b64 * stride_vb + (h // group) * stride_vh + k_start.to(tl.int64) * stride_vn
+    o_base = O + b64 * stride_ob + h * stride_oh + q_start.to(tl.int64) * stride_om
+    lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    q = load_tile(q_base, stride_qm, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    diag = seqlen_k - seqlen_q
+    if IS_CAUSAL:
+        # Tiles left of `mid` are visible to every row of the block; [mid, hi) straddle the diagonal.
+        hi = tl.minimum(seqlen_k, start_m + BLOCK_M + diag)
+        mid = tl.minimum(tl.maximum(start_m + diag + 1, 0) // BLOCK_N, seqlen_k // BLOCK_N) * BLOCK_N
+    else:
+        hi = seqlen_k
+        mid = (seqlen_k // BLOCK_N) * BLOCK_N
+    for start_n in range(0, mid, BLOCK_N):
+        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
+                                       offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+                                       HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
+    for start_n in range(mid, hi, BLOCK_N):
+        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
+                                       offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+                                       HEAD_DIM, BLOCK_D, IS_CAUSAL, True, HAS_DROPOUT)
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    if HAS_DROPOUT:
+        acc = acc * (drop_scale / l_safe)[:, None]
+    else:
+        acc = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))
+    row_ok = offs_m < seqlen_q
+    tl.store(lse_base + offs_m, lse, mask=row_ok)
+    o_ptrs = o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _bwd_preprocess_kernel(O, DO, DELTA, cu_seqlens_q, seqlen_q, nheads,
+                           stride_ob, stride_om, stride_oh, stride_dob, stride_dom, stride_doh,
+                           stride_db, stride_dh,
+                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                           VARLEN: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    q_start, seqlen_q, _, _ = seq_bounds(cu_seqlens_q, cu_seqlens_q, b, seqlen_q, seqlen_q, VARLEN)
+    if start_m >= seqlen_q:
+        return
+    b64 = b.to(tl.int64)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = load_tile(O + b64 * stride_ob + h * stride_oh + q_start.to(tl.int64) * stride_om, stride_om, rows, offs_d,
+                  seqlen_q, HEAD_DIM, BLOCK_D, True)
+    do = load_tile(DO + b64 * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dom, stride_dom, rows,
+                   offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + b64 * stride_db + h * stride_dh + q_start + rows, delta, mask=rows < seqlen_q)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                     nheads, group, sm_scale, qk_scale, drop_thresh, drop_scale,
+                     stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                     stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                     stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_lb, stride_lh,
+                     TUNE_Q, TUNE_K,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    bhk = tl.program_id(1)
+    nheads_k = nheads // group
+    b = bhk // nheads_k
+    hk = bhk % nheads_k
+    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN)
+    if start_n >= seqlen_k:
+        return
+    b64 = b.to(tl.int64)
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = load_tile(K + b64 * stride_kb + hk * stride_kh + k_start.to(tl.int64) * stride_kn, stride_kn, cols, offs_d,
+                  seqlen_k, HEAD_DIM, BLOCK_D, True)
+    v = load_tile(V + b64 * stride_vb + hk * stride_vh + k_start.to(tl.int64) * stride_vn, stride_vn, cols, offs_d,
+                  seqlen_k, HEAD_DIM, BLOCK_D, True)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    diag = seqlen_k - seqlen_q
+    if IS_CAUSAL:
+        # Query tiles before `lo` see none of these keys; [lo, mid) straddle the diagonal.
+        lo = (tl.maximum(start_n - diag, 0) // BLOCK_M) * BLOCK_M
+        mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - diag, 0), BLOCK_M) * BLOCK_M
+        mid = tl.minimum(tl.maximum(mid, lo), tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
+    else:
+        lo = 0
+        mid = 0
+    for g in range(0, group):
+        h = hk * group + g
+        bh = b * nheads + h
+        q_base = Q + b64 * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qm
+        do_base = DO + b64 * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dom
+        lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
+        delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
+        for start_m in range(lo, mid, BLOCK_M):
+            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                         start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
+                                         drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, True, HAS_DROPOUT)
+        for start_m in range(mid, seqlen_q, BLOCK_M):
+            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                         start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
+                                         drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT)
+    dk = dk * sm_scale
+    row_ok = cols[:, None] < seqlen_k
+    if HEAD_DIM != BLOCK_D:
+        row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
+    dk_ptrs = DK + b64 * stride_dkb + hk * stride_dkh + (k_start + cols[:, None]).to(tl.int64) * stride_dkn + offs_d[None, :]
+    dv_ptrs = DV + b64 * stride_dvb + hk * stride_dvh + (k_start + cols[:, None]).to(tl.int64) * stride_dvn + offs_d[None, :]
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=row_ok)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+                   nheads, group, sm_scale, qk_scale, drop_thresh, drop_scale,
+                   stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                   stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                   stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                   TUNE_Q, TUNE_K,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN)
+    if start_m >= seqlen_q:
+        return
+    b64 = b.to(tl.int64)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q + b64 * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qm, stride_qm, rows, offs_d,
+                  seqlen_q, HEAD_DIM, BLOCK_D, True)
+    do = load_tile(DO + b64 * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dom, stride_dom, rows,
+                   offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
+    lse, delta = load_row_stats(LSE + b64 * stride_lb + h * stride_lh + q_start,
+                                DELTA + b64 * stride_lb + h * stride_lh + q_start, rows, seqlen_q)
+    k_base = K + b64 * stride_kb + (h // group) * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + b64 * stride_vb + (h // group) * stride_vh + k_start.to(tl.int64) * stride_vn
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    diag = seqlen_k - seqlen_q
+    if IS_CAUSAL:
+        hi = tl.minimum(seqlen_k, start_m + BLOCK_M + diag)
+        mid = tl.minimum(tl.maximum(start_m + diag + 1, 0) // BLOCK_N, seqlen_k // BLOCK_N) * BLOCK_N
+    else:
+        hi = seqlen_k
+        mid = (seqlen_k // BLOCK_N) * BLOCK_N
+    for start_n in range(0, mid, BLOCK_N):
+        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
+                               offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                               HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
+    for start_n in range(mid, hi, BLOCK_N):
+        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
+                               offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                               HEAD_DIM, BLOCK_D, IS_CAUSAL, True, HAS_DROPOUT)
+    dq = dq * sm_scale
+    dq_ptrs = DQ + b64 * stride_dqb + h * stride_dqh + (q_start + rows[:, None]).to(tl.int64) * stride_dqm + offs_d[None, :]
+    row_ok = rows[:, None] < seqlen_q
+    if HEAD_DIM != BLOCK_D:
+        row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _dropout_mask_kernel(OUT, SEED, seqlen_q, seqlen_k, drop_thresh, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bh = tl.program_id(2)
+    seed = tl.load(SEED)
+    keep = dropout_keep(seed, bh, rows[:, None], cols[None, :], drop_thresh)
+    ptrs = OUT + bh.to(tl.int64) * seqlen_q * seqlen_k + rows[:, None].to(tl.int64) * seqlen_k + cols[None, :]
+    tl.store(ptrs, keep.to(tl.int8), mask=(rows[:, None] < seqlen_q) & (cols[None, :] < seqlen_k))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Launch configurations (autotuned on the GPU, one small fixed config under the interpreter)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _configs(shapes):
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+_FWD_SHAPES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4)]
+_DKDV_SHAPES = [(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3), (32, 128, 8, 4), (16, 64, 4, 4)]
+_DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 4), (64, 32, 4, 4), (64, 16, 4, 4)]
+_TUNE_KEY = ["TUNE_Q", "TUNE_K", "HEAD_DIM", "IS_CAUSAL", "VARLEN", "HAS_DROPOUT"]
+_INTERP_BLOCK = {"BLOCK_M": 16, "BLOCK_N": 16}
+
+
+def _prune(configs, named_args, **kwargs):
+    """Keep configs whose tiles fit the problem (no 128-row tiles for 40-token sequences)."""
+    d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D", 64))
+    keep = []
+    for c in configs:
+        m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        if d > 128 and m * n > 64 * 64:
+            continue
+        keep.append(c)
+    return keep or configs[-1:]
+
+
+_fwd_tuned = triton.autotune(_configs(_FWD_SHAPES), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune})(
+    _fwd_kernel)
+_dkdv_tuned = triton.autotune(_configs(_DKDV_SHAPES), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune})(
+    _bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(_configs(_DQ_SHAPES), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune})(
+    _bwd_dq_kernel)
+
+
+def _launch(raw, tuned, grid_of, args, consts):
+    """Autotuned launch on the GPU; one fixed small config under TRITON_INTERPRET=1."""
+    if _interpreting():
+        raw[grid_of(_INTERP_BLOCK)](*args, **consts, **_INTERP_BLOCK)
+    else:
+        tuned[lambda meta: grid_of(meta)](*args, **consts)
+
+
+def _bucket(n: int) -> int:
+    """Autotune key for a sequence length: next power of two (so varlen batches do not retune)."""
+    return 1 << max(n - 1, 1).bit_length()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Host side: checks, preprocessing, launchers (SHARED parts marked)
+# ---------------------------------------------------------------------------------------------------
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_inputs(q, k, v, varlen: bool = False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                 max_seqlen_k=None, dropout_p: float = 0.0):
+    """Validate attention inputs; raise TypeError/ValueError saying what is wrong and what is supported.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    Dense: q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim).
+    Varlen: q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim), cu_seqlens int32 (batch+1,).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; supported: float16, bfloat16 (float32 for testing)")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"flash attention needs CUDA tensors (got {q.device}); CPU tensors run only under "
+                         "the Triton interpreter (set TRITON_INTERPRET=1 before importing triton)")
+    rank = 3 if varlen else 4
+    layout = "(total, nheads, headdim)" if varlen else "(batch, seqlen, nheads, headdim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != rank:
+            raise ValueError(f"{name} must have rank {rank} {layout}, got shape {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if not varlen and k.shape[0] != q.shape[0]:
+        raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
+    nheads, headdim = q.shape[-2], q.shape[-1]
+    nheads_k = k.shape[-2]
+    if k.shape[-1] != headdim:
+        raise ValueError(f"q and k must have the same head dim, got {headdim} and {k.shape[-1]}")
+    if nheads_k == 0 or nheads % nheads_k != 0:
+        raise ValueError(f"nheads ({nheads}) must be a multiple of nheads_k ({nheads_k}) (MQA/GQA)")
+    if headdim % 8 != 0 or not 8 <= headdim <= 256:
+        raise ValueError(f"head dim {headdim} is not supported: use a multiple of 8 between 8 and 256")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if varlen:
+        for name, cu, total, mx in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                                    ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+            if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32:
+                raise TypeError(f"{name} must be an int32 tensor, got "
+                                f"{cu.dtype if isinstance(cu, torch.Tensor) else type(cu).__name__}")
+            if cu.dim() != 1 or cu.numel() < 2:
+                raise ValueError(f"{name} must be 1-D of length batch + 1 >= 2, got shape {tuple(cu.shape)}")
+            if cu.device != q.device:
+                raise ValueError(f"{name} must be on {q.device}, got {cu.device}")
+            c = cu.detach().cpu()
+            lens = c[1:] - c[:-1]
+            if int(c[0]) != 0 or bool((lens < 0).any()):
+                raise ValueError(f"{name} must start at 0 and be non-decreasing, got {c.tolist()[:8]}...")
+            if int(c[-1]) != total:
+                raise ValueError(f"{name}[-1] = {int(c[-1])} must equal the packed length {total}")
+            if int(lens.max()) > int(mx):
+                raise ValueError(f"max_seqlen ({mx}) is smaller than the longest sequence in {name} ({int(lens.max())})")
+        if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)")
+
+
+def _lastdim_contig(x: torch.Tensor) -> torch.Tensor:
+    # The kernels take any strides for batch/seq/head; the head dim must be contiguous for wide loads.
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _strides(x: torch.Tensor, varlen: bool):
+    """(batch, seq, head) strides; varlen tensors have no batch dim (its stride is unused: 0)."""
+    if varlen:
+        return 0, x.stride(0), x.stride(1)
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _block_d(headdim: int) -> int:
+    return max(16, triton.next_power_of_2(headdim))
+
+
+def draw_dropout_seed(device) -> torch.Tensor:
+    """The dropout seed: one int64 drawn from torch's default generator of `device` (no host sync).
+
+    SHARED with kernels/blocksparse.py. torch.manual_seed(s) makes it reproducible; each call advances
+    the generator, so consecutive calls draw different masks. Tests replay it to get the kernel's mask.
+    """
+    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
+
+
+def _drop_consts(dropout_p: float):
+    return int(round(dropout_p * (1 << 24))), 1.0 / (1.0 - dropout_p)
+
+
+def dropout_keep_mask(seed: torch.Tensor, batch: int, nheads: int, seqlen_q: int, seqlen_k: int,
+                      dropout_p: float) -> torch.Tensor:
+    """The kernel's dropout keep-mask, bool (batch, nheads, seqlen_q, seqlen_k), for a given seed tensor.
+
+    For tests: `kernels.standard.standard_attention(..., dropout_mask=mask)` then computes exactly what
+    the kernel computes. For varlen, sequence b of the pack uses batch index b.
+    """
+    thresh, _ = _drop_consts(dropout_p)
+    out = torch.empty(batch * nheads, seqlen_q, seqlen_k, dtype=torch.int8, device=seed.device)
+    grid = (triton.cdiv(seqlen_q, 32), triton.cdiv(seqlen_k, 32), batch * nheads)
+    _dropout_mask_kernel[grid](out, seed, seqlen_q, seqlen_k, thresh, BLOCK_M=32, BLOCK_N=32)
+    return out.view(batch, nheads, seqlen_q, seqlen_k).bool()
+
+
+def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_seqlens_q=None,
+                   max_seqlen_q: int | None = None) -> torch.Tensor:
+    """delta = rowsum(dO * O) in float32: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable. o and do share the layout of q.
+    """
+    nheads, headdim = o.shape[-2], o.shape[-1]
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        total = o.shape[0]
+        delta = torch.empty(nheads, total, dtype=torch.float32, device=o.device)
+        sdb, sdh, seqlen = 0, total, max_seqlen_q
+    else:
+        batch, seqlen = o.shape[0], o.shape[1]
+        delta = torch.empty(batch, nheads, seqlen, dtype=torch.float32, device=o.device)
+        sdb, sdh = delta.stride(0), delta.stride(1)
+    block_m = 16 if _interpreting() else 64
+    grid = (triton.cdiv(seqlen, block_m), batch * nheads)
+    _bwd_preprocess_kernel[grid](o, do, delta, cu_seqlens_q if varlen else o, seqlen, nheads,
+                                 *_strides(o, varlen), *_strides(do, varlen), sdb, sdh,
+                                 HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen)
+    return delta
+
+
+def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k):
+    nheads, headdim = q.shape[-2], q.shape[-1]
+    group = nheads // k.shape[-2]
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if varlen:
+        batch = cu_q.numel() - 1
+        lse = torch.empty(nheads, q.shape[0], dtype=torch.float32, device=q.device)
+        slb, slh = 0, q.shape[0]
+    else:
+        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
+        lse = torch.empty(batch, nheads, max_q, dtype=torch.float32, device=q.device)
+        slb, slh = lse.stride(0), lse.stride(1)
+    seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
+    thresh, drop_scale = _drop_consts(dropout_p)
+    cu_q_arg = cu_q if varlen else lse
+    cu_k_arg = cu_k if varlen else lse
+    args = (q, k, v, o, lse, seed, cu_q_arg, cu_k_arg, max_q, max_k, nheads, group, softmax_scale * LOG2E, thresh,
+            drop_scale, *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen),
+            slb, slh, _bucket(max_q), _bucket(max_k))
+    consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
+                  HAS_DROPOUT=dropout_p > 0)
+    _launch(_fwd_kernel, _fwd_tuned, lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts)
+    return o, lse, seed
+
+
+def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k):
+    nheads, headdim = q.shape[-2], q.shape[-1]
+    nheads_k = k.shape[-2]
+    group = nheads // nheads_k
+    do = _lastdim_contig(do)
+    if varlen:
+        batch = cu_q.numel() - 1
+        slb, slh = 0, q.shape[0]
+    else:
+        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
+        slb, slh = lse.stride(0), lse.stride(1)
+    delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    thresh, drop_scale = _drop_consts(dropout_p)
+    cu_q_arg = cu_q if varlen else lse
+    cu_k_arg = cu_k if varlen else lse
+    common = (cu_q_arg, cu_k_arg, max_q, max_k, nheads, group, softmax_scale, softmax_scale * LOG2E, thresh,
+              drop_scale, *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
+    consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
+                  HAS_DROPOUT=dropout_p > 0)
+    tune = (_bucket(max_q), _bucket(max_k))
+    _launch(_bwd_dkdv_kernel, _dkdv_tuned, lambda m: (triton.cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
+            (q, k, v, do, dk, dv, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
+             *tune), consts)
+    _launch(_bwd_dq_kernel, _dq_tuned, lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), batch * nheads),
+            (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune), consts)
+    return dq, dk, dv
+
+
+class _FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, varlen, cu_q, cu_k, max_q, max_k):
+        q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
+        o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k)
+        ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
+        ctx.args = (softmax_scale, causal, dropout_p, varlen, max_q, max_k)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
+        softmax_scale, causal, dropout_p, varlen, max_q, max_k = ctx.args
+        dq, dk, dv = _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k,
+                                max_q, max_k)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+def _public_lse(lse2: torch.Tensor) -> torch.Tensor:
+    return lse2 * LN2  # the kernels keep the log-sum-exp in base 2
+
+
+def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
+                    return_lse: bool = False):
+    """Exact attention, fused. q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim).
+
+    Returns (batch, seqlen_q, nheads, headdim) in q's dtype; with return_lse=True also the natural-log
+    log-sum-exp of the scaled scores, (batch, nheads, seqlen_q) float32 (-inf for rows that see no key).
+    causal is bottom-right aligned. softmax_scale defaults to 1/sqrt(headdim).
+    """
+    check_inputs(q, k, v, dropout_p=dropout_p)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, lse = _FlashAttnFunc.apply(q, k, v, float(dropout_p), float(scale), bool(causal), False, None, None,
+                                    q.shape[1], k.shape[1])
+    return (out, _public_lse(lse)) if return_lse else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False, return_lse: bool = False):
+    """Exact attention over packed sequences: q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim).
+
+    cu_seqlens_q / cu_seqlens_k: int32 (batch + 1,) prefix sums of the sequence lengths; max_seqlen_*:
+    the longest sequence (sizes the grid). With return_lse=True also returns lse (nheads, total_q) float32.
+    """
+    check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, lse = _FlashAttnFunc.apply(q, k, v, float(dropout_p), float(scale), bool(causal), True, cu_seqlens_q,
+                                    cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+    return (out, _public_lse(lse)) if return_lse else out
+
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "dropout_keep_mask", "draw_dropout_seed", "check_inputs",
+           "bwd_preprocess"]
