@@ -13,31 +13,47 @@ How it works:
   Per query tile: the number of full and partial key tiles and their indices, full ones first (BCSR,
   like FlexAttention's BlockMask); the transpose (per key tile, its query tiles) for dK/dV. The tables
   are cached on the BlockSparseLayout object, keyed by tile sizes, sequence lengths, causal and device.
-- Forward: grid (query tiles, batch * heads); online softmax over the listed key tiles, fused dropout;
-  stores O and the log2-domain LSE.
+- Forward: grid (query tiles, batch * heads); online softmax over the listed key tiles (full ones
+  without element masks, then partial ones), fused dropout; stores O and the base-2 LSE.
 - Backward (FA2 split, no atomics, so reruns are bit-identical): delta = rowsum(dO * O); a dK/dV kernel
   over key tiles walking the transposed list, and a dQ kernel over query tiles walking the forward list,
   both recomputing P from Q, K and LSE.
 
-Supports: fp16/bf16 (fp32 under the CPU interpreter), head dims that are multiples of 8 up to 128,
-per-head layouts, block_size any multiple of 16 (64 and 128 are the tuned ones), seqlen_q != seqlen_k,
-dropout, grouped-query K/V (expanded before the kernel).
-Limits: the tile sizes are fixed per block size (no autotuning, since the cached tables depend on
-them); a very unbalanced layout gives unbalanced programs (no persistent scheduling).
+The per-tile work (online-softmax step with optional masking and fused dropout, the dK/dV and dQ
+recomputation steps, the dropout RNG, input checks, delta preprocessing) is kernels/flash.py's, shared
+with the dense kernel; this module only adds the layout walk. So dropout masks equal the dense kernel's
+for the same seed, and a full layout computes exactly what flash_attn_func does.
+
+Supports: fp16/bf16 (fp32 for tests), head dims that are multiples of 8 up to 256 (tuned: 64, 128),
+per-head layouts, block_size any multiple of 16 (64 and 128 tuned), seqlen_q != seqlen_k, dropout,
+grouped-query K/V (each K/V head loops over its query heads' layouts; no atomics).
+Limits: tile sizes are fixed per kernel (the cached tables depend on them, so no autotuning); a very
+unbalanced layout gives unbalanced programs (no persistent scheduling); the layout is the same for
+every batch element.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.flash import (
+    LOG2E,
+    _block_d,
+    _interpreting,
+    bwd_dkdv_block_step,
+    bwd_dq_block_step,
+    bwd_preprocess,
+    check_inputs,
+    draw_dropout_seed,
+    fwd_block_step,
+    load_row_stats,
+    load_tile,
+)
 from kernels.sparsity import BlockSparseLayout, check_layout_tensor
-from kernels.standard import repeat_kv, standard_attention
-
-LOG2E = 1.4426950408889634
+from kernels.standard import standard_attention
 
 __all__ = ["blocksparse_attn_func", "compress_layout", "blocksparse_reference", "CompressedLayout"]
 
@@ -110,318 +126,205 @@ def compress_layout(layout: BlockSparseLayout, seqlen_q: int, seqlen_k: int, cau
 
 
 # ------------------------------------------------------------------------------------------------
-# Triton building blocks (provisional local copies until kernels/flash.py publishes shared ones)
+# Top-level kernels: walk the compressed layout, call the shared steps of kernels/flash.py
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _dropout_keep(seed, offsets, dropout_p):
-    return tl.rand(seed, offsets) >= dropout_p
-
-
-@triton.jit
-def _fwd_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m, offs_n, offs_d,
-              seqlen_q, seqlen_k, qk_scale, dropout_p, seed, rng_row,
-              HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-              EVEN_D: tl.constexpr, DROPOUT: tl.constexpr):
-    """One K/V tile into the running (acc, m_i, l_i); scores in the log2 domain."""
-    cols = start_n + offs_n
-    kv_mask = (cols[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
-    k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :]
-    v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]
-    if MASK or not EVEN_D:
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    s = tl.dot(q, tl.trans(k)) * qk_scale
-    if MASK:
-        ok = cols[None, :] < seqlen_k
-        if CAUSAL:
-            ok = ok & (cols[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
-        s = tl.where(ok, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
-    p = tl.exp2(s - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    if DROPOUT:
-        keep = _dropout_keep(seed, rng_row[:, None] + cols[None, :], dropout_p)
-        p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _bwd_dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m,
-                   offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, dropout_p, seed, rng_base,
-                   seqlen_k_rng, HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                   EVEN_D: tl.constexpr, DROPOUT: tl.constexpr):
-    """One query tile's contribution to this key tile's dK, dV (P recomputed transposed)."""
-    rows = start_m + offs_m
-    q_ptrs = q_base + rows[:, None] * stride_qm + offs_d[None, :]
-    do_ptrs = do_base + rows[:, None] * stride_dom + offs_d[None, :]
-    if MASK or not EVEN_D:
-        ld = (rows[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
-        q = tl.load(q_ptrs, mask=ld, other=0.0)
-        do = tl.load(do_ptrs, mask=ld, other=0.0)
-    else:
-        q = tl.load(q_ptrs)
-        do = tl.load(do_ptrs)
-    if MASK:
-        lse = tl.load(lse_base + rows, mask=rows < seqlen_q, other=float("inf"))
-        delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
-    else:
-        lse = tl.load(lse_base + rows)
-        delta = tl.load(delta_base + rows)
-    s_t = tl.dot(k, tl.trans(q)) * qk_scale  # (BLOCK_N, BLOCK_M)
-    p_t = tl.exp2(s_t - lse[None, :])
-    if MASK:
-        ok = (offs_n[:, None] < seqlen_k) & (rows[None, :] < seqlen_q)
-        if CAUSAL:
-            ok = ok & (offs_n[:, None] <= rows[None, :] + (seqlen_k - seqlen_q))
-        p_t = tl.where(ok, p_t, 0.0)
-    dp_t = tl.dot(v, tl.trans(do))
-    if DROPOUT:
-        keep = _dropout_keep(seed, rng_base + rows[None, :] * seqlen_k_rng + offs_n[:, None], dropout_p)
-        scale_keep = tl.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
-        dv = tl.dot((p_t * scale_keep).to(do.dtype), do, dv)
-        dp_t = dp_t * scale_keep
-    else:
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-    ds_t = p_t * (dp_t - delta[None, :])
-    dk = tl.dot(ds_t.to(q.dtype), q, dk)
-    return dk, dv
-
-
-@triton.jit
-def _bwd_dq_tile(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, offs_m, offs_n,
-                 offs_d, seqlen_q, seqlen_k, qk_scale, dropout_p, seed, rng_row,
-                 HEAD_DIM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                 EVEN_D: tl.constexpr, DROPOUT: tl.constexpr):
-    """One key tile's contribution to this query tile's dQ."""
-    cols = start_n + offs_n
-    k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :]
-    v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]
-    if MASK or not EVEN_D:
-        ld = (cols[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
-        k = tl.load(k_ptrs, mask=ld, other=0.0)
-        v = tl.load(v_ptrs, mask=ld, other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    s = tl.dot(q, tl.trans(k)) * qk_scale
-    p = tl.exp2(s - lse[:, None])
-    if MASK:
-        ok = cols[None, :] < seqlen_k
-        if CAUSAL:
-            ok = ok & (cols[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
-        p = tl.where(ok, p, 0.0)
-    dp = tl.dot(do, tl.trans(v))
-    if DROPOUT:
-        keep = _dropout_keep(seed, rng_row[:, None] + cols[None, :], dropout_p)
-        dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
-    ds = p * (dp - delta[:, None])
-    dq = tl.dot(ds.to(k.dtype), k, dq)
-    return dq
-
-
-# ------------------------------------------------------------------------------------------------
-# Top-level kernels: walk the compressed layout
-# ------------------------------------------------------------------------------------------------
-@triton.jit
-def _bs_fwd_kernel(Q, K, V, O, LSE, ROW_FULL, ROW_PART, ROW_IDX,
+def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-                   stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh,
-                   stride_lay_h, stride_lay_m, idx_width, nheads, seqlen_q, seqlen_k, qk_scale,
-                   dropout_p, seed,
-                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr):
+                   stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
+                   stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k, qk_scale, drop_thresh,
+                   drop_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // nheads
     h = bh % nheads
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
+    b64 = b.to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D_PAD)
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    rng_row = (bh * seqlen_q + offs_m) * seqlen_k
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q + b64 * stride_qb + h * stride_qh, stride_qm, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D,
+                  True)
+    k_base = K + b64 * stride_kb + (h // group) * stride_kh
+    v_base = V + b64 * stride_vb + (h // group) * stride_vh
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    diag = seqlen_k - seqlen_q
 
-    lay = h * stride_lay_h + pid_m * stride_lay_m
+    lay = h * stride_lay_h + pid_m  # per-tile counts are (Hl, Mt) contiguous
     n_full = tl.load(ROW_FULL + lay)
     n_part = tl.load(ROW_PART + lay)
-    idx_ptr = ROW_IDX + lay * idx_width
+    idx_ptr = ROW_IDX + lay.to(tl.int64) * idx_width
 
-    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # Full tiles first: in range and wholly below the diagonal, so no per-element mask.
     for t in range(0, n_full):
         start_n = tl.load(idx_ptr + t) * BLOCK_N
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n,
-                                  offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, dropout_p, seed,
-                                  rng_row, HEAD_DIM, False, CAUSAL, EVEN_D, DROPOUT)
+        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
+                                       offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+                                       HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
     for t in range(n_full, n_full + n_part):
         start_n = tl.load(idx_ptr + t) * BLOCK_N
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n,
-                                  offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, dropout_p, seed,
-                                  rng_row, HEAD_DIM, True, CAUSAL, EVEN_D, DROPOUT)
+        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
+                                       offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+                                       HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    # log2-domain LSE; +inf for rows that see nothing, so the backward's exp2(s - lse) is 0 there.
-    lse = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
-    tl.store(LSE + bh * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+    if HAS_DROPOUT:
+        acc = acc * (drop_scale / l_safe)[:, None]
+    else:
+        acc = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))  # base 2, as flash.py keeps it
+    row_ok = offs_m < seqlen_q
+    tl.store(LSE + b64 * stride_lb + h * stride_lh + offs_m, lse, mask=row_ok)
+    o_ptrs = O + b64 * stride_ob + h * stride_oh + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :]
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
-def _bs_bwd_preprocess(O, DO, DELTA, stride_ob, stride_om, stride_oh, stride_dob, stride_dom, stride_doh,
-                       nheads, seqlen_q, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // nheads
-    h = bh % nheads
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    msk = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :], mask=msk, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], mask=msk, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + bh * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
-
-
-@triton.jit
-def _bs_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, COL_FULL, COL_PART, COL_IDX,
+def _bs_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, COL_FULL, COL_PART, COL_IDX,
                         stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                         stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
                         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-                        stride_lay_h, stride_lay_n, idx_width, nheads, seqlen_q, seqlen_k, qk_scale,
-                        sm_scale, dropout_p, seed,
-                        HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr):
+                        stride_lb, stride_lh, stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k,
+                        sm_scale, qk_scale, drop_thresh, drop_scale,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
     pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // nheads
-    h = bh % nheads
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    bhk = tl.program_id(1)
+    nheads_k = nheads // group
+    b = bhk // nheads_k
+    hk = bhk % nheads_k
+    b64 = b.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    kv_msk = (offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_msk, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_msk, other=0.0)
-    q_base = Q + b * stride_qb + h * stride_qh
-    do_base = DO + b * stride_dob + h * stride_doh
-    lse_base = LSE + bh * seqlen_q
-    delta_base = DELTA + bh * seqlen_q
-    rng_base = bh * seqlen_q * seqlen_k
-
-    lay = h * stride_lay_h + pid_n * stride_lay_n
-    n_full = tl.load(COL_FULL + lay)
-    n_part = tl.load(COL_PART + lay)
-    idx_ptr = COL_IDX + lay * idx_width
-    dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-    for t in range(0, n_full):
-        start_m = tl.load(idx_ptr + t) * BLOCK_M
-        dk, dv = _bwd_dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                start_m, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, dropout_p,
-                                seed, rng_base, seqlen_k, HEAD_DIM, False, CAUSAL, EVEN_D, DROPOUT)
-    for t in range(n_full, n_full + n_part):
-        start_m = tl.load(idx_ptr + t) * BLOCK_M
-        dk, dv = _bwd_dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                start_m, offs_m, offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, dropout_p,
-                                seed, rng_base, seqlen_k, HEAD_DIM, True, CAUSAL, EVEN_D, DROPOUT)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = load_tile(K + b64 * stride_kb + hk * stride_kh, stride_kn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, True)
+    v = load_tile(V + b64 * stride_vb + hk * stride_vh, stride_vn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, True)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    diag = seqlen_k - seqlen_q
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    # Grouped-query attention: this key/value head collects from each query head of its group, each
+    # walking its own layout column, so dK/dV need no atomics.
+    for g in range(0, group):
+        h = hk * group + g
+        bh = b * nheads + h
+        q_base = Q + b64 * stride_qb + h * stride_qh
+        do_base = DO + b64 * stride_dob + h * stride_doh
+        lse_base = LSE + b64 * stride_lb + h * stride_lh
+        delta_base = DELTA + b64 * stride_lb + h * stride_lh
+        lay = h * stride_lay_h + pid_n
+        n_full = tl.load(COL_FULL + lay)
+        n_part = tl.load(COL_PART + lay)
+        idx_ptr = COL_IDX + lay.to(tl.int64) * idx_width
+        for t in range(0, n_full):
+            start_m = tl.load(idx_ptr + t) * BLOCK_M
+            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
+                                         stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
+                                         seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT)
+        for t in range(n_full, n_full + n_part):
+            start_m = tl.load(idx_ptr + t) * BLOCK_M
+            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
+                                         stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
+                                         seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, CAUSAL,
+                                         HAS_DROPOUT)
     dk = dk * sm_scale
-    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=kv_msk)
-    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=kv_msk)
+    ok = (cols[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
+    rows64 = cols[:, None].to(tl.int64)
+    tl.store(DK + b64 * stride_dkb + hk * stride_dkh + rows64 * stride_dkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=ok)
+    tl.store(DV + b64 * stride_dvb + hk * stride_dvh + rows64 * stride_dvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _bs_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, ROW_FULL, ROW_PART, ROW_IDX,
+def _bs_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, ROW_FULL, ROW_PART, ROW_IDX,
                       stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                       stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                      stride_dqb, stride_dqm, stride_dqh,
-                      stride_lay_h, stride_lay_m, idx_width, nheads, seqlen_q, seqlen_k, qk_scale,
-                      sm_scale, dropout_p, seed,
-                      HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr):
+                      stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                      stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k, sm_scale, qk_scale,
+                      drop_thresh, drop_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // nheads
     h = bh % nheads
-    EVEN_D: tl.constexpr = HEAD_DIM == D_PAD
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b64 = b.to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D_PAD)
-    q_msk = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_msk, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_msk, other=0.0)
-    lse = tl.load(LSE + bh * seqlen_q + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
-    delta = tl.load(DELTA + bh * seqlen_q + offs_m, mask=offs_m < seqlen_q, other=0.0)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    rng_row = (bh * seqlen_q + offs_m) * seqlen_k
-
-    lay = h * stride_lay_h + pid_m * stride_lay_m
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q + b64 * stride_qb + h * stride_qh, stride_qm, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
+    do = load_tile(DO + b64 * stride_dob + h * stride_doh, stride_dom, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D,
+                   True)
+    lse, delta = load_row_stats(LSE + b64 * stride_lb + h * stride_lh, DELTA + b64 * stride_lb + h * stride_lh,
+                                rows, seqlen_q)
+    k_base = K + b64 * stride_kb + (h // group) * stride_kh
+    v_base = V + b64 * stride_vb + (h // group) * stride_vh
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    diag = seqlen_k - seqlen_q
+    lay = h * stride_lay_h + pid_m
     n_full = tl.load(ROW_FULL + lay)
     n_part = tl.load(ROW_PART + lay)
-    idx_ptr = ROW_IDX + lay * idx_width
-    dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    idx_ptr = ROW_IDX + lay.to(tl.int64) * idx_width
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for t in range(0, n_full):
         start_n = tl.load(idx_ptr + t) * BLOCK_N
-        dq = _bwd_dq_tile(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
-                          offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, dropout_p, seed, rng_row,
-                          HEAD_DIM, False, CAUSAL, EVEN_D, DROPOUT)
+        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
+                               offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                               HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
     for t in range(n_full, n_full + n_part):
         start_n = tl.load(idx_ptr + t) * BLOCK_N
-        dq = _bwd_dq_tile(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
-                          offs_n, offs_d, seqlen_q, seqlen_k, qk_scale, dropout_p, seed, rng_row,
-                          HEAD_DIM, True, CAUSAL, EVEN_D, DROPOUT)
+        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
+                               offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                               HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
     dq = dq * sm_scale
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=q_msk)
+    ok = (rows[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DQ + b64 * stride_dqb + h * stride_dqh + rows[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=ok)
 
 
 # ------------------------------------------------------------------------------------------------
 # Launcher
 # ------------------------------------------------------------------------------------------------
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel for the GPU; each tile is capped at block_size
+# (tiles must divide it). Chosen from the tile sweep in scripts/bench_blocksparse.py (--sweep).
+TILES = {
+    "fwd": (128, 64, 8, 3),
+    "dkdv": (64, 128, 8, 3),
+    "dq": (128, 64, 8, 3),
+}
+_INTERP_TILE = 16
 
 
-def _tiles(block_size: int, head_dim: int, backward: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages); tiles divide block_size."""
-    cap = 32 if _interpreting() else (64 if backward else 128)
-    bm = math.gcd(block_size, cap)
-    bn = math.gcd(block_size, 64 if not _interpreting() else 16)
-    if not backward and head_dim > 64 and bm > 64:
-        bm, bn = 128, min(bn, 64)
-    warps = 8 if bm * bn >= 128 * 64 else 4
-    stages = 1 if _interpreting() else (2 if head_dim > 64 else 3)
-    return bm, bn, warps, stages
+def _tiles(kind: str, block_size: int) -> tuple[int, int, int, int]:
+    if _interpreting():
+        t = math.gcd(block_size, _INTERP_TILE)
+        return t, t, 4, 1
+    bm, bn, warps, stages = TILES[kind]
+    return math.gcd(block_size, bm), math.gcd(block_size, bn), warps, stages
 
 
 def _as_layout(layout, block_size, nheads, seqlen_q, seqlen_k) -> BlockSparseLayout:
     if isinstance(layout, BlockSparseLayout):
         if block_size is not None and block_size != layout.block_size:
             raise ValueError(f"block_size={block_size} differs from the layout's {layout.block_size}")
-        blocks = layout.blocks
-        block_size = layout.block_size
+        blocks, block_size = layout.blocks, layout.block_size
     else:
         blocks = layout
         block_size = 128 if block_size is None else block_size
     if not isinstance(block_size, int) or block_size < 16 or block_size % 16:
-        raise ValueError(f"block_size must be a multiple of 16 (64 or 128 are tuned), got {block_size}")
-    nq, nk = -(-seqlen_q // block_size), -(-seqlen_k // block_size)
-    check_layout_tensor(blocks, nheads, nq, nk)
+        raise ValueError(f"block_size must be a multiple of 16 (64 and 128 are tuned), got {block_size}")
+    check_layout_tensor(blocks, nheads, -(-seqlen_q // block_size), -(-seqlen_k // block_size))
     if isinstance(layout, BlockSparseLayout):
         if (layout.seqlen_q, layout.seqlen_k) == (seqlen_q, seqlen_k):
             return layout
@@ -429,88 +332,65 @@ def _as_layout(layout, block_size, nheads, seqlen_q, seqlen_k) -> BlockSparseLay
     return BlockSparseLayout(blocks, block_size, seqlen_q, seqlen_k)
 
 
-def _check_inputs(q, k, v):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-d tensor (batch, seqlen, nheads, headdim)")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"dtype must be float16, bfloat16 or float32, got {q.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError("q, k, v must be on the same device")
-    if q.device.type != "cuda" and not _interpreting():
-        raise ValueError("CPU tensors need TRITON_INTERPRET=1 (the Triton interpreter)")
-    b, _, h, d = q.shape
-    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
-        raise ValueError(f"k and v must be (batch, seqlen_k, nheads_k, {d}); got {tuple(k.shape)}, {tuple(v.shape)}")
-    if h % k.shape[2]:
-        raise ValueError(f"nheads ({h}) must be a multiple of nheads_k ({k.shape[2]})")
-    if d % 8 or d > 128:
-        raise ValueError(f"head dim must be a multiple of 8 and at most 128, got {d}")
+def _lay_stride(t: torch.Tensor) -> int:
+    return t.stride(0) if t.shape[0] > 1 else 0  # one layout shared by all heads
 
 
-def _draw_seed(device) -> int:
-    gen = torch.cuda.default_generators[device.index or 0] if device.type == "cuda" else torch.default_generator
-    return int(torch.randint(0, 2**31 - 1, (1,), generator=gen, device="cpu" if device.type != "cuda" else device).item())
+def _drop_consts(dropout_p: float):
+    # The encoding kernels.flash.dropout_keep documents: keep iff 24 random bits >= round(p * 2^24).
+    return int(round(dropout_p * (1 << 24))), 1.0 / (1.0 - dropout_p)
 
 
-def _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed):
+def _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p):
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k = k.shape[1]
-    d_pad = max(16, triton.next_power_of_2(d))
-    bm, bn, warps, stages = _tiles(layout.block_size, d, backward=False)
+    bm, bn, warps, stages = _tiles("fwd", layout.block_size)
     tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
     o = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
-    lay_h = tab.row_full.stride(0) if tab.row_full.shape[0] > 1 else 0
-    grid = (triton.cdiv(seqlen_q, bm), batch * nheads)
-    _bs_fwd_kernel[grid](
-        q, k, v, o, lse, tab.row_full, tab.row_part, tab.row_idx,
+    seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
+    thresh, drop_scale = _drop_consts(dropout_p)
+    _bs_fwd_kernel[(triton.cdiv(seqlen_q, bm), batch * nheads)](
+        q, k, v, o, lse, seed, tab.row_full, tab.row_part, tab.row_idx,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        lay_h, tab.row_full.stride(1), tab.row_idx.shape[-1], nheads, seqlen_q, seqlen_k,
-        sm_scale * LOG2E, dropout_p, seed,
-        HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, DROPOUT=dropout_p > 0,
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1),
+        _lay_stride(tab.row_full), tab.row_idx.shape[-1], nheads, nheads // k.shape[2], seqlen_q, seqlen_k,
+        sm_scale * LOG2E, thresh, drop_scale,
+        HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
         num_warps=warps, num_stages=stages,
     )
-    return o, lse
+    return o, lse, seed
 
 
-def _bs_backward(do, q, k, v, o, lse, layout, causal, sm_scale, dropout_p, seed):
+def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p):
     batch, seqlen_q, nheads, d = q.shape
-    seqlen_k = k.shape[1]
-    d_pad = max(16, triton.next_power_of_2(d))
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
     if do.stride(-1) != 1:
         do = do.contiguous()
-    delta = torch.empty_like(lse)
-    pre_m = 64
-    _bs_bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), batch * nheads)](
-        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        nheads, seqlen_q, HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=pre_m,
-    )
-    bm, bn, warps, stages = _tiles(layout.block_size, d, backward=True)
-    tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
-    lay_h_col = tab.col_full.stride(0) if tab.col_full.shape[0] > 1 else 0
-    lay_h_row = tab.row_full.stride(0) if tab.row_full.shape[0] > 1 else 0
+    delta = bwd_preprocess(o, do)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, DROPOUT=dropout_p > 0,
-                  num_warps=warps, num_stages=stages)
-    _bs_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, bn), batch * nheads)](
-        q, k, v, do, dk, dv, lse, delta, tab.col_full, tab.col_part, tab.col_idx,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+    thresh, drop_scale = _drop_consts(dropout_p)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), CAUSAL=causal, HAS_DROPOUT=dropout_p > 0)
+
+    bm, bn, warps, stages = _tiles("dkdv", layout.block_size)
+    tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
+    _bs_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, bn), batch * nheads_k)](
+        q, k, v, do, dk, dv, lse, delta, seed, tab.col_full, tab.col_part, tab.col_idx, *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        lay_h_col, tab.col_full.stride(1), tab.col_idx.shape[-1], nheads, seqlen_q, seqlen_k,
-        sm_scale * LOG2E, sm_scale, dropout_p, seed, **common,
+        lse.stride(0), lse.stride(1), _lay_stride(tab.col_full), tab.col_idx.shape[-1], nheads, nheads // nheads_k,
+        seqlen_q, seqlen_k, sm_scale, sm_scale * LOG2E, thresh, drop_scale,
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **consts,
     )
+    bm, bn, warps, stages = _tiles("dq", layout.block_size)
+    tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
     _bs_bwd_dq_kernel[(triton.cdiv(seqlen_q, bm), batch * nheads)](
-        q, k, v, do, dq, lse, delta, tab.row_full, tab.row_part, tab.row_idx,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        lay_h_row, tab.row_full.stride(1), tab.row_idx.shape[-1], nheads, seqlen_q, seqlen_k,
-        sm_scale * LOG2E, sm_scale, dropout_p, seed, **common,
+        q, k, v, do, dq, lse, delta, seed, tab.row_full, tab.row_part, tab.row_idx, *strides,
+        dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1),
+        _lay_stride(tab.row_full), tab.row_idx.shape[-1], nheads, nheads // nheads_k, seqlen_q, seqlen_k,
+        sm_scale, sm_scale * LOG2E, thresh, drop_scale,
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **consts,
     )
     return dq, dk, dv
 
@@ -519,17 +399,15 @@ class _BlockSparseAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p):
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        seed = _draw_seed(q.device) if dropout_p > 0 else 0
-        o, lse = _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p, seed)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p, ctx.seed = layout, causal, sm_scale, dropout_p, seed
+        o, lse, seed = _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p)
+        ctx.save_for_backward(q, k, v, o, lse, seed)
+        ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p = layout, causal, sm_scale, dropout_p
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _bs_backward(do, q, k, v, o, lse, ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p,
-                                  ctx.seed)
+        q, k, v, o, lse, seed = ctx.saved_tensors
+        dq, dk, dv = _bs_backward(do, q, k, v, o, lse, seed, ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p)
         return dq, dk, dv, None, None, None, None
 
 
@@ -543,15 +421,10 @@ def blocksparse_attn_func(q, k, v, layout, block_size=None, dropout_p=0.0, softm
     causal: bottom-right token-level causal mask on top of the blocks (also on when the layout is
     causal). Returns (batch, seqlen_q, nheads, headdim) in q's dtype.
     """
-    _check_inputs(q, k, v)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    check_inputs(q, k, v, dropout_p=dropout_p)
     batch, seqlen_q, nheads, d = q.shape
-    seqlen_k = k.shape[1]
-    lay = _as_layout(layout, block_size, nheads, seqlen_q, seqlen_k)
+    lay = _as_layout(layout, block_size, nheads, seqlen_q, k.shape[1])
     causal = bool(causal) or lay.causal
-    if k.shape[2] != nheads:
-        k, v = repeat_kv(k, nheads), repeat_kv(v, nheads)
     sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     return _BlockSparseAttnFunc.apply(q, k, v, lay, causal, sm_scale, float(dropout_p))
 
