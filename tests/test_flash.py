@@ -1,0 +1,275 @@
+"""The fused Triton FlashAttention kernel (kernels/flash.py) against a float64 reference.
+
+Tolerance (STYLE.md, point 4): the kernel's max error vs float64 may be at most 2x (outputs) / 3x
+(gradients) the error of plain PyTorch attention in the same dtype on the same inputs, plus a floor.
+Without a GPU the kernels run under TRITON_INTERPRET=1 (float32/float16, tiny shapes); the `gpu` tests
+(bf16, larger shapes, reruns on real hardware) run on the device.
+"""
+import math
+
+import pytest
+import torch
+
+from kernels.attention import FlashAttention, StandardAttention
+from kernels.flash import (dropout_keep_mask, draw_dropout_seed, flash_attn_func, flash_attn_varlen_func)
+from kernels.standard import standard_attention
+
+FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _inputs(b, nq, nk, h, hk, d, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype).requires_grad_()  # noqa: E731
+    return mk(b, nq, h, d), mk(b, nk, hk, d), mk(b, nk, hk, d)
+
+
+def _run(fn, q, k, v, do, **kw):
+    out = fn(q, k, v, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    return out, grads
+
+
+def _maxerr(a, ref):
+    return (a.double() - ref).abs().max().item()
+
+
+def check_against_reference(q, k, v, causal, dropout_mask=None, dropout_p=0.0, seed=None):
+    """Flash vs float64 reference, bounded by 2x / 3x plain PyTorch's error in q's dtype."""
+    do = torch.randn(q.shape[0], q.shape[1], q.shape[2], q.shape[3], device=q.device).to(q.dtype)
+    kw = dict(causal=causal, dropout_p=dropout_p)
+    ref_kw = dict(causal=causal, dropout_p=dropout_p, dropout_mask=dropout_mask)
+    if seed is not None:
+        torch.manual_seed(seed)
+    out, grads = _run(flash_attn_func, q, k, v, do, **kw)
+    q64, k64, v64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref, ref_grads = _run(standard_attention, q64, k64, v64, do.double(), **ref_kw)
+    base, base_grads = _run(standard_attention, q, k, v, do, **ref_kw)
+    floor = FLOOR[q.dtype]
+    assert not torch.isnan(out).any()
+    assert _maxerr(out, ref) <= 2 * _maxerr(base, ref) + floor, (_maxerr(out, ref), _maxerr(base, ref))
+    for name, g, rg, bg in zip("qkv", grads, ref_grads, base_grads):
+        assert not torch.isnan(g).any(), name
+        assert _maxerr(g, rg) <= 3 * _maxerr(bg, rg) + floor, (name, _maxerr(g, rg), _maxerr(bg, rg))
+    return out, grads
+
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal): odd lengths, q != k both ways, GQA, MQA.
+FAST_CASES = [
+    (1, 1, 1, 1, 1, 16, False),
+    (2, 97, 97, 2, 1, 40, True),
+    (1, 129, 97, 2, 2, 64, True),  # seqlen_q > seqlen_k: the first 32 rows see no key
+    (1, 33, 129, 4, 2, 16, True),  # seqlen_q < seqlen_k
+    (1, 40, 71, 2, 1, 128, False),
+    (1, 300, 300, 1, 1, 16, True),
+]
+
+
+@pytest.mark.parametrize("case", FAST_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_matches_reference(case, device):
+    b, nq, nk, h, hk, d, causal = case
+    q, k, v = _inputs(b, nq, nk, h, hk, d, torch.float32, device)
+    check_against_reference(q, k, v, causal)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seqlen", [1, 97, 129, 300])
+@pytest.mark.parametrize("headdim", [16, 40, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_vs_k", ["eq", "shorter", "longer"])
+def test_matches_reference_sweep(seqlen, headdim, causal, q_vs_k, device):
+    nq = seqlen
+    nk = {"eq": seqlen, "shorter": seqlen + 31, "longer": max(1, seqlen // 2)}[q_vs_k]
+    q, k, v = _inputs(1, nq, nk, 4, 2, headdim, torch.float32, device, seed=seqlen + headdim)
+    check_against_reference(q, k, v, causal)
+
+
+def test_float16(device):
+    q, k, v = _inputs(1, 70, 70, 2, 1, 32, torch.float16, device)
+    check_against_reference(q, k, v, causal=True)
+
+
+def test_lse_and_empty_rows(device):
+    q, k, v = _inputs(2, 50, 20, 2, 1, 32, torch.float32, device)
+    out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    ref, ref_lse = standard_attention(q.double(), k.double(), v.double(), causal=True, return_lse=True)
+    assert lse.shape == (2, 2, 50) and lse.dtype == torch.float32
+    empty = torch.isinf(ref_lse)
+    assert empty.any() and torch.equal(torch.isinf(lse), empty) and (lse[empty] < 0).all()
+    torch.testing.assert_close(lse[~empty].double(), ref_lse[~empty], atol=1e-5, rtol=0)
+    assert (out[:, :30] == 0).all()  # rows 0..29 see no key (bottom-right alignment)
+    dq, = torch.autograd.grad(out, (q,), torch.randn_like(out))
+    assert (dq[:, :30] == 0).all() and not torch.isnan(dq).any()
+
+
+def test_noncontiguous_inputs(device):
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 45, 3, 4, 32, device=device)
+    q, k, v = qkv.unbind(2)  # strided views of a packed projection
+    vt = torch.randn(2, 4, 32, 45, device=device).permute(0, 3, 1, 2)  # head dim not contiguous
+    out = flash_attn_func(q, k, vt, causal=True)
+    ref = flash_attn_func(q.contiguous(), k.contiguous(), vt.contiguous(), causal=True)
+    assert torch.equal(out, ref)
+
+
+def _packed(lengths, h, hk, d, device, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1)
+    total = sum(lengths)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    mk = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype).requires_grad_()  # noqa: E731
+    return mk(total, h, d), mk(total, hk, d), mk(total, hk, d), cu
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_equals_per_sequence(causal, device):
+    lengths = [5, 37, 1, 64, 20]
+    q, k, v, cu = _packed(lengths, 4, 2, 40, device)
+    do = torch.randn(q.shape, device=device)
+    out, lse = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal, return_lse=True)
+    assert lse.shape == (4, sum(lengths))
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    for i in range(len(lengths)):
+        s = slice(int(cu[i]), int(cu[i + 1]))
+        qi, ki, vi = [x.detach()[s][None].requires_grad_() for x in (q, k, v)]
+        oi, lsei = flash_attn_func(qi, ki, vi, causal=causal, return_lse=True)
+        gi = torch.autograd.grad(oi, (qi, ki, vi), do[s][None])
+        torch.testing.assert_close(out[s], oi[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(lse[:, s], lsei[0], atol=1e-6, rtol=0)
+        for g, gref in zip(grads, gi):
+            torch.testing.assert_close(g[s], gref[0], atol=1e-6, rtol=0)
+
+
+def test_varlen_different_q_and_k_lengths(device):
+    lq, lk = [3, 40, 17], [9, 25, 17]
+    q, _, _, cu_q = _packed(lq, 2, 1, 16, device)
+    _, k, v, cu_k = _packed(lk, 2, 1, 16, device)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 40, 25, causal=True)
+    for i in range(3):
+        sq, sk = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        ref = standard_attention(q[sq][None].double(), k[sk][None].double(), v[sk][None].double(), causal=True)
+        torch.testing.assert_close(out[sq].double(), ref[0], atol=1e-5, rtol=0)
+
+
+def test_dropout_matches_reference_with_kernel_mask(device):
+    b, n, h, d, p = 2, 45, 2, 32, 0.3
+    q, k, v = _inputs(b, n, n, h, 1, d, torch.float32, device)
+    torch.manual_seed(123)
+    mask = dropout_keep_mask(draw_dropout_seed(device), b, h, n, n, p)
+    assert 0.6 < mask.float().mean().item() < 0.8
+    check_against_reference(q, k, v, causal=True, dropout_mask=mask, dropout_p=p, seed=123)
+
+
+def test_dropout_seeded_fresh_and_unbiased(device):
+    b, n, h, d, p = 1, 64, 4, 16, 0.25
+    q, k, _ = _inputs(b, n, n, h, h, d, torch.float32, device)
+    v = torch.ones(b, n, h, d, device=device)
+    torch.manual_seed(7)
+    o1 = flash_attn_func(q, k, v, dropout_p=p)
+    o2 = flash_attn_func(q, k, v, dropout_p=p)
+    torch.manual_seed(7)
+    o1_again = flash_attn_func(q, k, v, dropout_p=p)
+    assert torch.equal(o1, o1_again)  # same torch seed, same mask
+    assert not torch.equal(o1, o2)  # the next call draws a new mask
+    # v = 1: each output is sum_j P_ij keep_ij / (1 - p), whose expectation is exactly 1.
+    mean = torch.stack([o1, o2]).mean().item()
+    assert abs(mean - 1.0) < 0.03, mean
+    big = dropout_keep_mask(torch.tensor([99], device=device), 2, 3, 300, 200, p)
+    assert abs(big.float().mean().item() - (1 - p)) < 0.005
+
+
+def _rerun_identical(q, k, v, **kw):
+    do = torch.randn_like(q)
+    results = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        out, grads = _run(flash_attn_func, q, k, v, do, **kw)
+        results.append((out, *grads))
+    return all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_reruns_bit_identical(device):
+    q, k, v = _inputs(1, 77, 77, 4, 2, 32, torch.float32, device)
+    assert _rerun_identical(q, k, v, causal=True, dropout_p=0.1)
+
+
+def test_attention_module_with_padding_mask(device):
+    torch.manual_seed(0)
+    b, n, h, d = 3, 24, 2, 16
+    q, k, v = (torch.randn(b, n, h, d, device=device) for _ in range(3))
+    kpm = torch.ones(b, n, dtype=torch.bool, device=device)
+    kpm[1, 10:] = False
+    kpm[2, 1:] = False
+    out = FlashAttention().eval()(q, k, v, causal=True, key_padding_mask=kpm)
+    ref = StandardAttention().eval()(q, k, v, causal=True, key_padding_mask=kpm)
+    torch.testing.assert_close(out[kpm], ref[kpm], atol=1e-5, rtol=0)
+    assert (out[~kpm] == 0).all()
+
+
+def _bad(device):
+    q = torch.randn(1, 8, 4, 16, device=device)
+    k = torch.randn(1, 8, 2, 16, device=device)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    return [
+        (TypeError, "share one dtype", lambda: flash_attn_func(q, k.half(), k)),
+        (TypeError, "supported", lambda: flash_attn_func(q.double(), k.double(), k.double())),
+        (ValueError, "rank 4", lambda: flash_attn_func(q[0], k[0], k[0])),
+        (ValueError, "multiple of nheads_k", lambda: flash_attn_func(q, k[:, :, :1].expand(1, 8, 3, 16), k[:, :, :1].expand(1, 8, 3, 16))),
+        (ValueError, "head dim", lambda: flash_attn_func(q[..., :12], k[..., :12], k[..., :12])),
+        (ValueError, "head dim", lambda: flash_attn_func(torch.randn(1, 8, 1, 264, device=device), torch.randn(1, 8, 1, 264, device=device), torch.randn(1, 8, 1, 264, device=device))),
+        (ValueError, "same shape", lambda: flash_attn_func(q, k, k[:, :4])),
+        (ValueError, "dropout_p", lambda: flash_attn_func(q, k, k, dropout_p=1.0)),
+        (TypeError, "int32", lambda: flash_attn_varlen_func(q[0], k[0], k[0], cu.long(), cu, 8, 8)),
+        (ValueError, "packed length", lambda: flash_attn_varlen_func(q[0], k[0], k[0], cu - 0 + torch.tensor([0, 1], dtype=torch.int32, device=device), cu, 9, 8)),
+        (ValueError, "non-decreasing", lambda: flash_attn_varlen_func(q[0], k[0], k[0], torch.tensor([0, 9, 8], dtype=torch.int32, device=device), cu.new_tensor([0, 4, 8]), 9, 8)),
+        (ValueError, "max_seqlen", lambda: flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 4, 8)),
+        (ValueError, "rank 3", lambda: flash_attn_varlen_func(q, k, k, cu, cu, 8, 8)),
+    ]
+
+
+def test_bad_inputs_raise(device):
+    for exc, words, call in _bad(device):
+        with pytest.raises(exc, match=words):
+            call()
+
+
+def test_cpu_tensors_without_interpreter_raise(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="CUDA"):
+        flash_attn_func(q, q, q)
+
+
+# ------------------------------------------------------------------------------------ GPU only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", [
+    (2, 1025, 1025, 8, 2, 64, True), (1, 997, 2048, 4, 4, 128, True), (2, 2048, 513, 4, 1, 40, True),
+    (2, 1500, 1500, 8, 8, 128, False), (1, 300, 300, 4, 2, 96, False), (1, 257, 300, 2, 1, 256, True),
+], ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c))
+def test_gpu_matches_reference(case, dtype):
+    b, nq, nk, h, hk, d, causal = case
+    q, k, v = _inputs(b, nq, nk, h, hk, d, dtype, "cuda")
+    check_against_reference(q, k, v, causal)
+
+
+@pytest.mark.gpu
+def test_gpu_dropout_and_reruns():
+    b, n, h, d, p = 2, 700, 4, 64, 0.2
+    q, k, v = _inputs(b, n, n, h, 2, d, torch.bfloat16, "cuda")
+    torch.manual_seed(5)
+    mask = dropout_keep_mask(draw_dropout_seed("cuda"), b, h, n, n, p)
+    check_against_reference(q, k, v, causal=True, dropout_mask=mask, dropout_p=p, seed=5)
+    big = _inputs(4, 2048, 2048, 16, 4, 128, torch.bfloat16, "cuda")
+    assert _rerun_identical(*big, causal=True)
+    assert _rerun_identical(*big, causal=False, dropout_p=0.1)
+
+
+@pytest.mark.gpu
+def test_gpu_varlen_bf16():
+    lengths = [1, 513, 77, 1024, 300]
+    q, k, v, cu = _packed(lengths, 8, 2, 64, "cuda", torch.bfloat16)
+    out = flash_attn_varlen_func(q, k, v, cu, cu, 1024, 1024, causal=True)
+    for i in range(len(lengths)):
+        s = slice(int(cu[i]), int(cu[i + 1]))
+        assert torch.equal(out[s], flash_attn_func(q[s][None], k[s][None], v[s][None], causal=True)[0])
