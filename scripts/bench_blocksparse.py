@@ -1,0 +1,347 @@
+"""Block-sparse attention benchmark: forward and forward+backward time against sequence length and density.
+
+Providers, all in bf16 on the same inputs and the same block layout:
+  ours      kernels.blocksparse.blocksparse_attn_func
+  flash     our dense kernel (kernels.flash.flash_attn_func): what density 1 costs
+  flex      FlexAttention (torch.compile'd) with create_block_mask built from the same layout
+  standard  plain PyTorch with the dense token mask (only where the N x N scores fit)
+Shapes: batch x seqlen = 16K tokens (batch 1 from 16K up), nheads x headdim = 2048, block_size 128.
+Sequence-length sweep: the paper's butterfly pattern (density (1 + log2 n) / n for n blocks).
+Density sweep (at 4K and 16K): random layouts with exactly round(density * n) key blocks per query block.
+
+Full run (about 8 minutes on an H100):
+    python scripts/bench_blocksparse.py --out results/blocksparse --tag h100
+Quick run / tile sweep:
+    python scripts/bench_blocksparse.py --seqlens 4096 16384 --hdims 64 --densities --sweep
+Plot again from the JSON (no GPU needed):
+    python scripts/bench_blocksparse.py --plot-only results/blocksparse/h100.json
+Writes <tag>.csv, <tag>.json (rows + GPU, versions, date, command, tile configs), <tag>.md, <tag>.png.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+TOKENS, WIDTH, BLOCK = 16384, 2048, 128
+PROVIDERS = ["ours", "flash", "flex", "standard"]
+
+
+def shape(n, d):
+    return max(1, TOKENS // n), WIDTH // d  # batch, nheads
+
+
+def balanced_random(n, density, seed=0, device="cuda"):
+    """(1, nb, nb) bool with exactly max(1, round(density * nb)) random key blocks per query block."""
+    from kernels.sparsity import BlockSparseLayout
+
+    nb = -(-n // BLOCK)
+    keep = max(1, round(density * nb))
+    g = torch.Generator().manual_seed(seed)
+    ranks = torch.rand(nb, nb, generator=g).argsort(-1).argsort(-1)
+    return BlockSparseLayout((ranks < keep).unsqueeze(0).to(device), BLOCK, n, n)
+
+
+_FLEX = {}
+
+
+def flex_fn(layout, b, h, n):
+    """Compiled flex_attention with a BlockMask made by create_block_mask from the same block layout."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "fn" not in _FLEX:
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = 256
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    blocks = layout.blocks[0]
+
+    def mask_mod(bi, hi, qi, ki):
+        return blocks[qi // BLOCK, ki // BLOCK]
+
+    bm = create_block_mask(mask_mod, None, None, n, n, device="cuda", BLOCK_SIZE=BLOCK, _compile=True)
+    compiled = _FLEX["fn"]
+    return lambda q, k, v: compiled(q, k, v, block_mask=bm)
+
+
+def standard_fits(b, h, n):
+    return b * h * n * n <= 2**31  # scores + probabilities + their grads stay well inside 80 GB
+
+
+def make(name, layout, b, h, n):
+    """(fn(q, k, v) -> out, 'bnhd' | 'bhnd')."""
+    if name == "ours":
+        from kernels.blocksparse import blocksparse_attn_func
+
+        return (lambda q, k, v: blocksparse_attn_func(q, k, v, layout)), "bnhd"
+    if name == "flash":
+        from kernels.flash import flash_attn_func
+
+        return (lambda q, k, v: flash_attn_func(q, k, v)), "bnhd"
+    if name == "flex":
+        return flex_fn(layout, b, h, n), "bhnd"
+    if name == "standard":
+        from kernels.standard import standard_attention
+
+        mask = layout.to_dense().unsqueeze(0)
+        return (lambda q, k, v: standard_attention(q, k, v, mask=mask)), "bnhd"
+    raise ValueError(name)
+
+
+def time_one(name, layout, b, h, n, d, rep, memory=True):
+    import triton.testing
+
+    fn, order = make(name, layout, b, h, n)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dims = (b, n, h, d) if order == "bnhd" else (b, h, n, d)
+    q, k, v = (torch.randn(dims, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    do = torch.randn(dims, generator=g, device="cuda", dtype=torch.bfloat16)
+    row = {}
+    out = fn(q, k, v)  # compile / warm up
+    out.backward(do)
+    torch.cuda.synchronize()
+    row["fwd_ms"] = triton.testing.do_bench(lambda: fn(q, k, v), warmup=10, rep=rep, return_mode="median")
+
+    def step():
+        fn(q, k, v).backward(do)
+
+    row["fwdbwd_ms"] = triton.testing.do_bench(step, warmup=10, rep=rep, grad_to_none=[q, k, v],
+                                               return_mode="median")
+    if memory:
+        q.grad = k.grad = v.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        row["peak_extra_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    with torch.no_grad():
+        o = fn(q, k, v)
+        row["out"] = o if order == "bnhd" else o.transpose(1, 2)
+    return row
+
+
+def run_point(kind, pattern, n, d, layout, providers, rep, rows):
+    b, h = shape(n, d)
+    ref = None
+    for name in providers:
+        if name == "standard" and not standard_fits(b, h, n):
+            continue
+        if name == "flash" and kind == "density" and any(r["provider"] == "flash" and r["seqlen"] == n and
+                                                         r["headdim"] == d for r in rows):
+            continue  # dense time does not depend on the layout
+        t0 = time.time()
+        try:
+            r = time_one(name, layout, b, h, n, d, rep)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            print(f"  {name} n={n} d={d}: OOM", flush=True)
+            continue
+        out = r.pop("out")
+        if name == "ours":
+            ref = out.float()
+        diff = float((out.float() - ref).abs().max()) if ref is not None and name in ("flex", "standard") else None
+        del out
+        rows.append(dict(sweep=kind, pattern=pattern, seqlen=n, headdim=d, batch=b, nheads=h,
+                         density=round(layout.density(), 5), provider=name, max_diff_vs_ours=diff,
+                         wall_s=round(time.time() - t0, 1), **{k: round(v, 4) for k, v in r.items()}))
+        print(f"  {kind:8s} {pattern:10s} n={n:6d} d={d:3d} dens={layout.density():.4f} {name:8s} "
+              f"fwd {r['fwd_ms']:9.3f} ms  fwd+bwd {r['fwdbwd_ms']:9.3f} ms  "
+              f"mem {r.get('peak_extra_mb', 0):8.0f} MB  diff {diff}", flush=True)
+        torch.cuda.empty_cache()
+
+
+def tile_sweep(rep):
+    """Time each kernel's tile candidates at 16K butterfly (hd 64 and 128); returns rows (not applied)."""
+    import triton.testing
+
+    import kernels.blocksparse as B
+    from kernels.sparsity import butterfly
+
+    cands = {
+        "fwd": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)],
+        "dkdv": [(64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (32, 64, 4, 4)],
+        "dq": [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 4), (128, 128, 8, 3)],
+    }
+    out = []
+    n = 16384
+    lay = butterfly(n, n, BLOCK, device="cuda")
+    default = dict(B.TILES)
+    for d in (64, 128):
+        b, h = shape(n, d)
+        q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+        do = torch.randn_like(q)
+        for kind, cs in cands.items():
+            for c in cs:
+                B.TILES.update(default)
+                B.TILES[kind] = c
+                try:
+                    if kind == "fwd":
+                        ms = triton.testing.do_bench(lambda: B.blocksparse_attn_func(q, k, v, lay), warmup=10,
+                                                     rep=rep, return_mode="median")
+                    else:
+                        ms = triton.testing.do_bench(lambda: B.blocksparse_attn_func(q, k, v, lay).backward(do),
+                                                     warmup=10, rep=rep, grad_to_none=[q, k, v],
+                                                     return_mode="median")
+                except Exception as e:  # out of shared memory / registers for this tile
+                    print(f"  sweep d={d} {kind} {c}: failed ({type(e).__name__})", flush=True)
+                    continue
+                out.append(dict(headdim=d, kernel=kind, config=list(c), ms=round(ms, 4)))
+                print(f"  sweep d={d} {kind:5s} {c}: {ms:.3f} ms ({'fwd' if kind == 'fwd' else 'fwd+bwd'})",
+                      flush=True)
+    B.TILES.update(default)
+    return out
+
+
+def meta_info(args):
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    return dict(gpu=p.name, sm_count=p.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
+                cuda=torch.version.cuda, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                command="python " + " ".join(sys.argv), tokens=TOKENS, width=WIDTH, block_size=BLOCK,
+                dtype="bfloat16")
+
+
+def markdown(rows, meta, sweep):
+    from kernels.blocksparse import TILES
+
+    lines = [f"# Block-sparse attention benchmark ({meta['gpu']})", "",
+             f"- date {meta['date']}, torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}",
+             f"- command: `{meta['command']}`",
+             f"- bf16, batch x seqlen = {TOKENS} tokens, nheads x headdim = {WIDTH}, block_size {BLOCK}, "
+             "non-causal; times are medians (triton.testing.do_bench) in ms",
+             f"- tiles (BLOCK_M, BLOCK_N, warps, stages): {TILES}",
+             "- speedup = our dense flash time / block-sparse time (same run); target at 16K, density <= 1/8: "
+             ">= 0.7 / density for fwd+bwd", ""]
+    for kind in ("seqlen", "density"):
+        sel = [r for r in rows if r["sweep"] == kind]
+        if not sel:
+            continue
+        lines += [f"## Against {'sequence length (butterfly)' if kind == 'seqlen' else 'density (random, balanced rows)'}",
+                  "", "| seqlen | hdim | density | provider | fwd ms | fwd+bwd ms | peak extra MB | "
+                  "fwd+bwd speedup vs flash | target | ours vs flex (fwd+bwd) |",
+                  "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for r in sel:
+            dense = next((x for x in rows if x["provider"] == "flash" and x["seqlen"] == r["seqlen"]
+                          and x["headdim"] == r["headdim"]), None)
+            flex = next((x for x in sel if x["provider"] == "flex" and x["seqlen"] == r["seqlen"]
+                         and x["headdim"] == r["headdim"] and x["density"] == r["density"]), None)
+            sp = f"{dense['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}x" if dense and r["provider"] == "ours" else ""
+            tgt = f"{0.7 / r['density']:.1f}x" if r["provider"] == "ours" and r["density"] <= 0.125 else ""
+            vf = f"{flex['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}x" if flex and r["provider"] == "ours" else ""
+            lines.append(f"| {r['seqlen']} | {r['headdim']} | {r['density']:.4f} | {r['provider']} | "
+                         f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | {r.get('peak_extra_mb', 0):.0f} | {sp} | "
+                         f"{tgt} | {vf} |")
+        lines.append("")
+    if sweep:
+        lines += ["## Tile sweep (16K butterfly; fwd ms for fwd configs, fwd+bwd ms for the others)", "",
+                  "| hdim | kernel | (BLOCK_M, BLOCK_N, warps, stages) | ms |", "|---:|---|---|---:|"]
+        lines += [f"| {s['headdim']} | {s['kernel']} | {tuple(s['config'])} | {s['ms']:.3f} |" for s in sweep]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    colors = {"ours": "C0", "flash": "C1", "flex": "C2", "standard": "C3"}
+    for d, ls in ((64, "-"), (128, "--")):
+        for p in PROVIDERS:
+            sel = [r for r in rows if r["sweep"] == "seqlen" and r["provider"] == p and r["headdim"] == d]
+            if sel:
+                axes[0].plot([r["seqlen"] for r in sel], [r["fwdbwd_ms"] for r in sel], ls, marker="o",
+                             color=colors[p], label=f"{p} d={d}")
+    axes[0].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="fwd+bwd ms",
+                title="butterfly layout vs sequence length")
+    axes[0].legend(fontsize=7)
+    for ax, n in zip(axes[1:], (4096, 16384)):
+        for d, ls in ((64, "-"), (128, "--")):
+            for p in ("ours", "flex", "standard"):
+                sel = sorted((r for r in rows if r["sweep"] == "density" and r["provider"] == p
+                              and r["headdim"] == d and r["seqlen"] == n), key=lambda r: r["density"])
+                if sel:
+                    ax.plot([r["density"] for r in sel], [r["fwdbwd_ms"] for r in sel], ls, marker="o",
+                            color=colors[p], label=f"{p} d={d}")
+            dense = [r for r in rows if r["provider"] == "flash" and r["seqlen"] == n and r["headdim"] == d]
+            if dense:
+                ax.axhline(dense[0]["fwdbwd_ms"], ls=ls, color=colors["flash"], label=f"dense flash d={d}")
+        ax.set(xscale="log", yscale="log", xlabel="density (fraction of blocks kept)", ylabel="fwd+bwd ms",
+               title=f"random layouts at {n // 1024}K")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seqlens", type=int, nargs="*", default=[1024, 2048, 4096, 8192, 16384, 32768, 65536])
+    ap.add_argument("--hdims", type=int, nargs="*", default=[64, 128])
+    ap.add_argument("--densities", type=float, nargs="*", default=[1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125])
+    ap.add_argument("--density-seqlens", type=int, nargs="*", default=[4096, 16384])
+    ap.add_argument("--providers", nargs="*", default=PROVIDERS)
+    ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time in ms")
+    ap.add_argument("--sweep", action="store_true", help="also time tile candidates for each kernel")
+    ap.add_argument("--out", default="results/blocksparse")
+    ap.add_argument("--tag", default="bench")
+    ap.add_argument("--plot-only", default=None, help="re-plot (and re-write markdown) from a JSON")
+    args = ap.parse_args()
+
+    if args.plot_only:
+        data = json.load(open(args.plot_only))
+        base = os.path.splitext(args.plot_only)[0]
+        plot(data["rows"], base + ".png")
+        print("wrote", base + ".png")
+        return
+
+    from kernels.sparsity import butterfly
+
+    os.makedirs(args.out, exist_ok=True)
+    meta = meta_info(args)
+    print(meta, flush=True)
+    t0 = time.time()
+    sweep = tile_sweep(args.rep) if args.sweep else []
+    rows = []
+    for d in args.hdims:
+        for n in args.seqlens:
+            run_point("seqlen", "butterfly", n, d, butterfly(n, n, BLOCK, device="cuda"), args.providers,
+                      args.rep, rows)
+    for d in args.hdims:
+        for n in args.density_seqlens:
+            for dens in args.densities:
+                run_point("density", "random", n, d, balanced_random(n, dens), args.providers, args.rep, rows)
+    meta["total_s"] = round(time.time() - t0, 1)
+    base = os.path.join(args.out, args.tag)
+    with open(base + ".json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows, tile_sweep=sweep), f, indent=1)
+    if rows:
+        with open(base + ".csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+            w.writeheader()
+            w.writerows(rows)
+    md = markdown(rows, meta, sweep)
+    with open(base + ".md", "w") as f:
+        f.write(md + "\n")
+    try:
+        if rows:
+            plot(rows, base + ".png")
+    except ImportError:
+        print("matplotlib missing: plot later with --plot-only", flush=True)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
