@@ -140,14 +140,14 @@ def tokenize_to_memmaps(dataset, out_dir, *, val_fraction=0.005, seed=2357, num_
 def prepare_embedded(out_dir=REPO / "data" / "cache" / "embedded", val_fraction=0.02, seed=2357,
                      num_proc=None, source=REPO / "data" / "embedded" / "corpus.jsonl.gz") -> dict:
     """Tokenize the committed corpus (State of the Union + Moby Dick) once into data/cache/."""
-    from datasets import load_dataset
-
     source = Path(source)
     if not source.exists():
         raise FileNotFoundError(f"embedded corpus {source} is missing (it is committed to the repo)")
     stamp = "embedded|" + file_digest([source, BPE_DIR / "encoder.json", BPE_DIR / "vocab.bpe"])
     if is_prepared(out_dir, make_stamp(stamp, val_fraction, seed)):
         return json.loads((Path(out_dir) / "meta.json").read_text())
+    from datasets import load_dataset
+
     ds = load_dataset("json", data_files=str(source), split="train")
     return tokenize_to_memmaps(ds, out_dir, val_fraction=val_fraction, seed=seed, num_proc=num_proc,
                                stamp=stamp, desc="tokenizing embedded corpus")

@@ -1,0 +1,60 @@
+"""Perplexity, LR schedule and FLOP/MFU arithmetic on hand-computed cases."""
+import math
+
+import pytest
+import torch
+
+from train.callbacks import detect_peak_flops, flops_per_token
+from train.metrics import Perplexity
+from train.task import warmup_cosine
+
+
+def test_perplexity_hand_computed():
+    # two positions over a 4-word vocabulary: p(target) = 1/4 (uniform) and 1/2 (logits log 2, log 1, ...)
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [math.log(3.0), 0.0, 0.0, 0.0]]])
+    targets = torch.tensor([[2, 0]])
+    m = Perplexity()
+    m.update(logits, targets)
+    nll, ppl = m.compute()
+    expected = (math.log(4) + math.log(2)) / 2  # p = 3 / (3 + 1 + 1 + 1) = 1/2
+    assert nll.dtype == torch.float64
+    assert nll.item() == pytest.approx(expected, rel=1e-6)
+    assert ppl.item() == pytest.approx(math.sqrt(8), rel=1e-6)
+
+
+def test_perplexity_is_over_tokens_not_batches():
+    torch.manual_seed(0)
+    logits, targets = torch.randn(5, 7, 11), torch.randint(0, 11, (5, 7))
+    whole = Perplexity()
+    whole.update(logits, targets)
+    parts = Perplexity()
+    parts.update(logits[:4], targets[:4])
+    parts.update(logits[4:, :3], targets[4:, :3])  # a short last batch
+    parts.update(logits[4:, 3:], targets[4:, 3:])
+    nll_ref = torch.nn.functional.cross_entropy(logits.double().flatten(0, 1), targets.flatten())
+    assert whole.compute()[0].item() == pytest.approx(nll_ref.item(), rel=1e-6)
+    assert parts.compute()[0].item() == pytest.approx(nll_ref.item(), rel=1e-6)
+    # ignore_index positions do not count
+    m = Perplexity()
+    t = targets.clone()
+    t[0, 0] = -100
+    m.update(logits, t)
+    assert m.count.item() == 34
+
+
+def test_warmup_cosine():
+    assert warmup_cosine(0, 10, 110, 0.1) == pytest.approx(0.1)
+    assert warmup_cosine(9, 10, 110, 0.1) == pytest.approx(1.0)
+    assert warmup_cosine(60, 10, 110, 0.1) == pytest.approx(0.55)  # half way down the cosine
+    assert warmup_cosine(110, 10, 110, 0.1) == pytest.approx(0.1)
+    assert warmup_cosine(500, 10, 110, 0.1) == pytest.approx(0.1)
+
+
+def test_flops_and_peak():
+    # GPT-2 small at T=1024: 6N + 12*12*12*64*1024/2 (causal)
+    n = 123_653_376
+    assert flops_per_token(n, 12, 12, 64, 1024) == 6 * n + 12 * 12 * 12 * 64 * 1024 / 2
+    assert flops_per_token(n, 12, 12, 64, 1024, causal=False) == 6 * n + 12 * 12 * 12 * 64 * 1024
+    assert detect_peak_flops("NVIDIA H100 80GB HBM3") == 989.5e12
+    assert detect_peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert detect_peak_flops("Some CPU") is None
