@@ -61,6 +61,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(REPO / "results" / "training"))
     ap.add_argument("--name", default="compare_attention", help="file stem of the table and plot")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
+    ap.add_argument("--runs-dir", default=None, help="where each run's folder goes (default: <out>/runs)")
     args, overrides = ap.parse_known_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -74,7 +75,7 @@ def main(argv=None):
            "command": "python scripts/compare_attention.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     rows = []
     for attn in args.attn.split(","):
-        run_dir = out / "runs" / attn
+        run_dir = Path(args.runs_dir or out / "runs") / attn
         cmd = [sys.executable, str(REPO / "train" / "run.py"), f"attn={attn}", *overrides,
                f"hydra.run.dir={run_dir}", "logger=csv", "trainer.enable_progress_bar=false"]
         t = time.time()
