@@ -29,13 +29,8 @@ register_resolvers()
 
 def build(cfg: DictConfig):
     """Instantiate (datamodule, task, trainer) from a composed config; no side effects beyond that."""
-    import lightning as L
     import torch
-    from hydra.utils import instantiate
 
-    L.seed_everything(cfg.seed, workers=True)
-    if cfg.get("matmul_precision"):
-        torch.set_float32_matmul_precision(cfg.matmul_precision)
     on_gpu = torch.cuda.is_available() and cfg.trainer.get("accelerator", "auto") in ("auto", "gpu", "cuda")
     world = int(cfg.trainer.get("devices", 1)) if on_gpu and str(cfg.trainer.get("devices")) != "auto" else 1
 
@@ -46,6 +41,13 @@ def build(cfg: DictConfig):
             raise ValueError(f"global_batch_size {cfg.global_batch_size} is not a multiple of "
                              f"batch_size {micro} x {world} devices")
         accum = cfg.global_batch_size // (micro * world)
+
+    import lightning as L
+    from hydra.utils import instantiate
+
+    L.seed_everything(cfg.seed, workers=True)
+    if cfg.get("matmul_precision"):
+        torch.set_float32_matmul_precision(cfg.matmul_precision)
 
     attention_factory = instantiate(cfg.attn)
     model = instantiate(cfg.model, attention_factory=attention_factory)
