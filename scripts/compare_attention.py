@@ -83,8 +83,9 @@ def main(argv=None):
         row = {"attn": attn, "wall_s": round(time.time() - t, 1), "command": " ".join(cmd[1:])}
         metrics = run_dir / "metrics.csv"
         if p.returncode != 0 or not metrics.exists():
-            row["error"] = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
-            row["error"] = row["error"][0][:200]
+            lines = [ln for ln in (p.stderr + p.stdout).strip().splitlines()
+                     if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
+            row["error"] = next((ln for ln in lines if "Error" in ln or "Could not" in ln), lines[-1] if lines else "?")[:200]
         else:
             row.update(summarize(read_metrics(metrics)))
             row["series"] = read_metrics(metrics)
