@@ -296,21 +296,23 @@ def _bs_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, ROW_FULL, ROW_PART, ROW
 # ------------------------------------------------------------------------------------------------
 # Launcher
 # ------------------------------------------------------------------------------------------------
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel for the GPU; each tile is capped at block_size
-# (tiles must divide it). Chosen from the tile sweep in scripts/bench_blocksparse.py (--sweep).
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head-dim class (<= 64, > 64) on the GPU; each
+# tile is capped at block_size (tiles must divide it). From the H100 tile sweep at 16K, butterfly, bf16
+# (results/blocksparse/quick.md); fixed rather than autotuned because the cached tables depend on them.
 TILES = {
-    "fwd": (128, 64, 8, 3),
-    "dkdv": (64, 128, 8, 3),
-    "dq": (128, 64, 8, 3),
+    64: {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 4, 3), "dq": (64, 64, 4, 3)},
+    128: {"fwd": (128, 128, 8, 3), "dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3)},
 }
 _INTERP_TILE = 16
 
 
-def _tiles(kind: str, block_size: int) -> tuple[int, int, int, int]:
+def _tiles(kind: str, block_size: int, head_dim: int) -> tuple[int, int, int, int]:
     if _interpreting():
         t = math.gcd(block_size, _INTERP_TILE)
         return t, t, 4, 1
-    bm, bn, warps, stages = TILES[kind]
+    bm, bn, warps, stages = TILES[64 if head_dim <= 64 else 128][kind]
+    if head_dim > 128:  # not tuned: keep register use in bounds
+        bm, bn, warps, stages = min(bm, 64), min(bn, 64), 4, 2
     return math.gcd(block_size, bm), math.gcd(block_size, bn), warps, stages
 
 
@@ -344,7 +346,7 @@ def _drop_consts(dropout_p: float):
 def _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p):
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k = k.shape[1]
-    bm, bn, warps, stages = _tiles("fwd", layout.block_size)
+    bm, bn, warps, stages = _tiles("fwd", layout.block_size, d)
     tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
     o = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
@@ -374,7 +376,7 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p)
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), CAUSAL=causal, HAS_DROPOUT=dropout_p > 0)
 
-    bm, bn, warps, stages = _tiles("dkdv", layout.block_size)
+    bm, bn, warps, stages = _tiles("dkdv", layout.block_size, d)
     tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
     _bs_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, bn), batch * nheads_k)](
         q, k, v, do, dk, dv, lse, delta, seed, tab.col_full, tab.col_part, tab.col_idx, *strides,
@@ -383,7 +385,7 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p)
         seqlen_q, seqlen_k, sm_scale, sm_scale * LOG2E, thresh, drop_scale,
         BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **consts,
     )
-    bm, bn, warps, stages = _tiles("dq", layout.block_size)
+    bm, bn, warps, stages = _tiles("dq", layout.block_size, d)
     tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
     _bs_bwd_dq_kernel[(triton.cdiv(seqlen_q, bm), batch * nheads)](
         q, k, v, do, dq, lse, delta, seed, tab.row_full, tab.row_part, tab.row_idx, *strides,
