@@ -256,8 +256,10 @@ def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seq
                 stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                 TUNE_Q, TUNE_K,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
+                IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                REVERSE: tl.constexpr = False):
+    # REVERSE (causal): launch the heaviest query blocks (the last ones) first, so the tail is short.
+    start_m = ((tl.num_programs(0) - 1 - tl.program_id(0)) if REVERSE else tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // nheads
     h = bh % nheads
@@ -410,8 +412,10 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k
                    stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
                    TUNE_Q, TUNE_K,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
+                   IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                   REVERSE: tl.constexpr = False):
+    # REVERSE (causal): launch the heaviest query blocks (the last ones) first, so the tail is short.
+    start_m = ((tl.num_programs(0) - 1 - tl.program_id(0)) if REVERSE else tl.program_id(0)) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // nheads
     h = bh % nheads
@@ -477,9 +481,14 @@ def _configs(shapes):
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
-_FWD_SHAPES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4)]
-_DKDV_SHAPES = [(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 3), (32, 128, 8, 4), (16, 64, 4, 4)]
-_DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 4), (64, 32, 4, 4), (64, 16, 4, 4)]
+_FWD_SHAPES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4), (64, 64, 4, 3),
+               (64, 32, 4, 4)]
+_DKDV_SHAPES = [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (32, 64, 4, 4), (64, 64, 4, 3),
+                (16, 64, 4, 4)]
+_DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 32, 4, 4),
+              (64, 16, 4, 4)]
+# Causal: heaviest query blocks first (FLASH_REVERSE=0 turns it off, for A/B timing).
+_REVERSE = os.environ.get("FLASH_REVERSE", "1") == "1"
 _TUNE_KEY = ["TUNE_Q", "TUNE_K", "HEAD_DIM", "IS_CAUSAL", "VARLEN", "HAS_DROPOUT"]
 _INTERP_BLOCK = {"BLOCK_M": 16, "BLOCK_N": 16}
 
@@ -504,10 +513,19 @@ _dq_tuned = triton.autotune(_configs(_DQ_SHAPES), key=_TUNE_KEY, prune_configs_b
     _bwd_dq_kernel)
 
 
-def _launch(raw, tuned, grid_of, args, consts):
-    """Autotuned launch on the GPU; one fixed small config under TRITON_INTERPRET=1."""
+# Fixed configs for FLASH_AUTOTUNE=0 (e.g. GPU tests, which would otherwise tune every shape they touch).
+_DEFAULT = {"fwd": (128, 64, 4, 3), "dkdv": (32, 128, 4, 3), "dq": (128, 32, 4, 3)}
+_DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}  # head dim 256
+
+
+def _launch(kind, raw, tuned, grid_of, args, consts):
+    """Autotuned launch on the GPU; a fixed config with FLASH_AUTOTUNE=0; a small one under the interpreter."""
     if _interpreting():
         raw[grid_of(_INTERP_BLOCK)](*args, **consts, **_INTERP_BLOCK)
+    elif os.environ.get("FLASH_AUTOTUNE", "1") == "0":
+        m, n, w, s = (_DEFAULT_WIDE if consts["BLOCK_D"] > 128 else _DEFAULT)[kind]
+        blocks = {"BLOCK_M": m, "BLOCK_N": n}
+        raw[grid_of(blocks)](*args, **consts, **blocks, num_warps=w, num_stages=s)
     else:
         tuned[lambda meta: grid_of(meta)](*args, **consts)
 
@@ -672,8 +690,8 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
             drop_scale, *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen),
             slb, slh, _bucket(max_q), _bucket(max_k))
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
-                  HAS_DROPOUT=dropout_p > 0)
-    _launch(_fwd_kernel, _fwd_tuned, lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts)
+                  HAS_DROPOUT=dropout_p > 0, REVERSE=causal and _REVERSE)
+    _launch("fwd", _fwd_kernel, _fwd_tuned, lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts)
     return o, lse, seed
 
 
@@ -700,11 +718,12 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0)
     tune = (_bucket(max_q), _bucket(max_k))
-    _launch(_bwd_dkdv_kernel, _dkdv_tuned, lambda m: (triton.cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
+    dq_consts = dict(consts, REVERSE=causal and _REVERSE)
+    _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (triton.cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
             (q, k, v, do, dk, dv, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
              *tune), consts)
-    _launch(_bwd_dq_kernel, _dq_tuned, lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), batch * nheads),
-            (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune), consts)
+    _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), batch * nheads),
+            (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune), dq_consts)
     return dq, dk, dv
 
 
