@@ -126,36 +126,41 @@ def autotune_picks():
     return out
 
 
+def _ratio(o, p, key):
+    return f"{p[key] / o[key]:.2f}" if o and p and key in o and key in p else "-"
+
+
 def markdown(rows, meta):
     lines = [f"# Attention benchmark ({meta['gpu']})", "",
              f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. Command: `{meta['command']}`", "",
-             "batch x seqlen = 16K tokens, nheads x headdim = 2048, bf16. ms = median; TFLOP/s counts "
-             "4BHN^2D forward (halved causal), x3.5 fwd+bwd; mem = peak extra MiB in fwd+bwd.", ""]
+             "batch x seqlen = 16K tokens, nheads x headdim = 2048, bf16. Cells: TFLOP/s forward / forward+backward "
+             "(4BHN^2D forward, halved causal, x3.5 fwd+bwd; median of do_bench). 'x peer' = peer time / our time "
+             "(> 1: we are faster), fwd, fwd+bwd. mem = peak extra MiB during fwd+bwd.", ""]
     keys = sorted({(r["hdim"], r["causal"]) for r in rows if r.get("kind") != "gpt2"})
     provs = [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]
+    peers = [p for p in ("sdpa_flash", "flex", "sdpa_cudnn", "standard") if p in provs]
     for d, causal in keys:
         lines += [f"## head dim {d}, {'causal' if causal else 'non-causal'}", ""]
-        head = "| seqlen | " + " | ".join(f"{p} fwd / fwd+bwd TFLOP/s" for p in provs) + \
-            " | ours / sdpa_flash fwd, fwd+bwd | ours mem MiB | sdpa_flash mem MiB |"
-        lines += [head, "|" + "---|" * (len(provs) + 4)]
+        head = "| seqlen | " + " | ".join(provs) + " | " + " | ".join(f"x {p}" for p in peers) + \
+            " | mem ours | mem sdpa_flash | mem standard |"
+        lines += [head, "|" + "---|" * (1 + len(provs) + len(peers) + 3)]
         for n in sorted({r["seqlen"] for r in rows if r["hdim"] == d and r["causal"] == causal}):
-            by = {r["provider"]: r for r in rows if r["hdim"] == d and r["causal"] == causal and r["seqlen"] == n}
+            by = {r["provider"]: r for r in rows if r["hdim"] == d and r["causal"] == causal and r["seqlen"] == n
+                  and r.get("kind") != "gpt2"}
             cells = []
             for p in provs:
                 r = by.get(p)
                 cells.append("-" if r is None else f"{r.get('fwd_tflops', float('nan')):.0f} / "
                              f"{r.get('fwdbwd_tflops', float('nan')):.0f}")
-            o, s = by.get("ours"), by.get("sdpa_flash")
-            ratio = "-"
-            if o and s:
-                ratio = f"{s['fwd_ms'] / o['fwd_ms']:.2f}x, {s['fwdbwd_ms'] / o['fwdbwd_ms']:.2f}x"
-            mem_o = f"{o['peak_extra_MiB']:.0f}" if o and "peak_extra_MiB" in o else "-"
-            mem_s = f"{s['peak_extra_MiB']:.0f}" if s and "peak_extra_MiB" in s else "-"
-            lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratio} | {mem_o} | {mem_s} |")
+            o = by.get("ours")
+            ratios = [f"{_ratio(o, by.get(p), 'fwd_ms')}, {_ratio(o, by.get(p), 'fwdbwd_ms')}" for p in peers]
+            mem = [f"{by[p]['peak_extra_MiB']:.0f}" if p in by and "peak_extra_MiB" in by[p] else "-"
+                   for p in ("ours", "sdpa_flash", "standard")]
+            lines.append(f"| {n} | " + " | ".join(cells + ratios + mem) + " |")
         lines.append("")
     g = [r for r in rows if r.get("kind") == "gpt2"]
     if g:
-        lines += ["## GPT-2 medium attention (seq 1024, hdim 64, 16 heads, batch 64, causal, fwd+bwd)", "",
+        lines += ["## GPT-2 medium attention (seq 1024, hdim 64, 16 heads, batch 64, causal)", "",
                   "| provider | fwd+bwd ms | fwd ms |", "|---|---|---|"]
         lines += [f"| {r['provider']} | {r['fwdbwd_ms']:.2f} | {r['fwd_ms']:.2f} |" for r in g]
         lines += ["", "Paper (A100, Dao et al. 2022): 7.3 ms FlashAttention vs 41.7 ms standard.", ""]
@@ -203,6 +208,8 @@ def main():
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--providers", nargs="+", default=PROVIDERS, choices=PROVIDERS)
     ap.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
+    ap.add_argument("--flex-seqlens", type=int, nargs="*", default=None,
+                    help="run FlexAttention only at these lengths (it compiles per shape: ~15 s each)")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-gpt2", action="store_true", help="skip the GPT-2-medium shape row")
     ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time in ms")
@@ -218,6 +225,26 @@ def main():
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     rows = []
     t0 = time.time()
+    base = os.path.join(args.out, args.tag)
+    fields = ["kind", "provider", "hdim", "seqlen", "batch", "heads", "causal", "fwd_ms", "fwdbwd_ms", "fwd_tflops",
+              "fwdbwd_tflops", "peak_extra_MiB", "error"]
+
+    def save():  # after every row, so a run cut off at its time limit still leaves its numbers
+        meta["seconds"] = time.time() - t0
+        meta["autotune"] = autotune_picks()
+        with open(base + ".json", "w") as f:
+            json.dump({**meta, "rows": rows}, f, indent=1)
+        with open(base + ".csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: r.get(k, "") for k in fields})
+
+    def record(r):
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        save()
+
     for d in args.hdims:
         h = WIDTH // d
         for causal in causals:
@@ -226,33 +253,22 @@ def main():
                 for p in args.providers:
                     if p == "standard" and not standard_fits(b, h, n):
                         continue
+                    if p == "flex" and args.flex_seqlens and n not in args.flex_seqlens:
+                        continue
                     try:
                         r = bench_one(p, b, h, n, d, causal, args.modes, not args.no_memory, args.rep)
                     except Exception as e:  # noqa: BLE001  (a peer without this shape: record and go on)
                         r = {"provider": p, "hdim": d, "seqlen": n, "batch": b, "heads": h, "causal": causal,
                              "error": f"{type(e).__name__}: {str(e)[:200]}"}
                         torch.cuda.empty_cache()
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+                    record(r)
     if not args.no_gpt2:
         for p in ["ours", "standard", "sdpa_flash"]:
             if p in args.providers:
                 r = bench_one(p, 64, 16, 1024, 64, True, ["fwd", "fwdbwd"], False, args.rep)
                 r["kind"] = "gpt2"
-                rows.append(r)
-                print(json.dumps(r), flush=True)
-    meta["seconds"] = time.time() - t0
-    meta["autotune"] = autotune_picks()
-    base = os.path.join(args.out, args.tag)
-    with open(base + ".json", "w") as f:
-        json.dump({**meta, "rows": rows}, f, indent=1)
-    fields = ["kind", "provider", "hdim", "seqlen", "batch", "heads", "causal", "fwd_ms", "fwdbwd_ms", "fwd_tflops",
-              "fwdbwd_tflops", "peak_extra_MiB", "error"]
-    with open(base + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in fields})
+                record(r)
+    save()
     md = markdown([r for r in rows if "error" not in r], meta)
     with open(base + ".md", "w") as f:
         f.write(md)
