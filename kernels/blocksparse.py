@@ -297,11 +297,12 @@ def _bs_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, ROW_FULL, ROW_PART, ROW
 # Launcher
 # ------------------------------------------------------------------------------------------------
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head-dim class (<= 64, > 64) on the GPU; each
-# tile is capped at block_size (tiles must divide it). From the H100 tile sweep at 16K, butterfly, bf16
-# (results/blocksparse/quick.md); fixed rather than autotuned because the cached tables depend on them.
+# tile is capped at block_size (tiles must divide it). The fastest of the H100 tile sweep at 16K,
+# butterfly, bf16 (results/blocksparse/sweep.md; most candidates were within a few percent); fixed
+# rather than autotuned because the cached tables depend on them.
 TILES = {
-    64: {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 4, 3), "dq": (64, 64, 4, 3)},
-    128: {"fwd": (128, 128, 8, 3), "dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3)},
+    64: {"fwd": (64, 64, 4, 3), "dkdv": (32, 64, 4, 4), "dq": (64, 64, 4, 3)},
+    128: {"fwd": (128, 128, 8, 3), "dkdv": (64, 64, 4, 3), "dq": (128, 128, 8, 2)},
 }
 _INTERP_TILE = 16
 

@@ -63,9 +63,9 @@ def flex_fn(layout, b, h, n):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if "fn" not in _FLEX:
-        import torch._dynamo
+        import torch._dynamo as dynamo  # (a bare `import torch._dynamo` would make `torch` local here)
 
-        torch._dynamo.config.cache_size_limit = 256
+        dynamo.config.cache_size_limit = 256
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     if n not in _FLEX:
         buf = torch.zeros(layout.blocks.shape[1:], dtype=torch.bool, device="cuda")
