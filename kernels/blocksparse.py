@@ -22,14 +22,20 @@ How it works:
 The per-tile work (online-softmax step with optional masking and fused dropout, the dK/dV and dQ
 recomputation steps, the dropout RNG, input checks, delta preprocessing) is kernels/flash.py's, shared
 with the dense kernel; this module only adds the layout walk. So dropout masks equal the dense kernel's
-for the same seed, and a full layout computes exactly what flash_attn_func does.
+for the same seed, and a full layout computes what flash_attn_func does (bit for bit in the forward
+when the tiles match, as under the interpreter; on the GPU the two pick tiles independently).
 
 Supports: fp16/bf16 (fp32 for tests), head dims that are multiples of 8 up to 256 (tuned: 64, 128),
 per-head layouts, block_size any multiple of 16 (64 and 128 tuned), seqlen_q != seqlen_k, dropout,
 grouped-query K/V (each K/V head loops over its query heads' layouts; no atomics).
 Limits: tile sizes are fixed per kernel (the cached tables depend on them, so no autotuning); a very
 unbalanced layout gives unbalanced programs (no persistent scheduling); the layout is the same for
-every batch element.
+every batch element; pass a BlockSparseLayout (not a bare tensor) to reuse its compressed tables.
+
+Measured on an H100 (results/blocksparse/h100.md, bf16, non-causal, block_size 128): butterfly at 16K
+tokens (density 1/16) runs forward+backward 12.4x (hd 64) / 12.2x (hd 128) faster than our dense
+kernel; 64K tokens fits in about 1 GB of extra memory. Against FlexAttention with the same block mask:
+1.10-1.19x faster at hd 64, 0.85-0.97x at hd 128 (the backward is the slower part there).
 """
 from __future__ import annotations
 
