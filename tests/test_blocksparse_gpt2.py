@@ -91,3 +91,22 @@ def test_train_entry_point_runs_blocksparse(tmp_path):
                        cwd=repo, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "metrics.csv").exists()
+
+
+def test_module_padding_fallback_and_config_errors():
+    core = BlockSparseAttention(pattern="local", block_size=16, window=0)
+    q, k, v = (torch.randn(2, 40, 2, 16) for _ in range(3))
+    pad = torch.ones(2, 40, dtype=torch.bool)
+    pad[1, 30:] = False
+    out = core(q, k, v, causal=True, key_padding_mask=pad)
+    mask = core.layout(40, 40, "cpu").to_dense().unsqueeze(0) & pad[:, None, None, :]
+    torch.testing.assert_close(out, standard_attention(q, k, v, causal=True, mask=mask))
+    # An all-True padding mask takes the kernel path and gives the same answer.
+    full_pad = torch.ones(2, 40, dtype=torch.bool)
+    torch.testing.assert_close(core(q, k, v, causal=True, key_padding_mask=full_pad),
+                               standard_attention(q, k, v, causal=True, mask=core.layout(40, 40, "cpu")
+                                                  .to_dense().unsqueeze(0)), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown block-sparse pattern"):
+        BlockSparseAttention(pattern="diagonal")
+    with pytest.raises(ValueError, match="unknown options"):
+        BlockSparseAttention(pattern="local", windw=2)
