@@ -91,7 +91,14 @@ def main(argv=None):
             row["series"] = read_metrics(metrics)
         rows.append(row)
         print(attn, {k: v for k, v in row.items() if k not in ("series", "command")}, flush=True)
+        md = write_table(rows, out, args.name, env)  # after every run, so a cut-off sweep keeps its rows
+        plot(rows, out / f"{args.name}.png", env)
 
+    plot(rows, out / f"{args.name}.png", env)
+    print("\n".join(md))
+
+
+def write_table(rows, out, name, env):
     base = next((r.get("tokens_per_s") for r in rows if r["attn"] == "standard" and "tokens_per_s" in r), None)
     md = [f"# Attention kinds, same training config ({env['gpu']})", "",
           f"torch {env['torch']}, triton {env['triton']}, {env['date']}.", f"Command: `{env['command']}`", "",
@@ -106,11 +113,10 @@ def main(argv=None):
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
         md.append(f"| {r['attn']} | {f('tokens_per_s', '{:,.0f}')} | {f('step_time_ms', '{:.1f}')} | {sp} | {mfu} "
                   f"| {f('peak_mem_gib', '{:.2f}')} | {f('val/ppl', '{:.2f}')} |")
-    (out / f"{args.name}.md").write_text("\n".join(md) + "\n")
-    (out / f"{args.name}.json").write_text(json.dumps(
+    (out / f"{name}.md").write_text("\n".join(md) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(
         {"env": env, "rows": [{k: v for k, v in r.items() if k != "series"} for r in rows]}, indent=1))
-    plot(rows, out / f"{args.name}.png", env)
-    print("\n".join(md))
+    return md
 
 
 def plot(rows, path, env):

@@ -57,6 +57,15 @@ class LMTask(L.LightningModule):
         self.log("val/loss", nll.float(), prog_bar=True, sync_dist=False)
         self.log("val/ppl", ppl.float(), sync_dist=False)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        # Lightning's mixed-precision plugin refuses to clip for a fused AdamW (fused unscaling is an
+        # fp16 loss-scaler concern). bf16 and float32 have no scaler, so clip the global norm here.
+        if not gradient_clip_val:
+            return
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None or gradient_clip_algorithm == "value":
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val, foreach=True)
+
     def configure_optimizers(self):
         hp = self.hparams
         params = [p for p in self.model.parameters() if p.requires_grad]
