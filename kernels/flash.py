@@ -22,11 +22,17 @@ Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact 
 interpreter), head dims that are multiples of 8 up to 256 (padded to a power of two with masked
 loads), any sequence lengths, GQA/MQA, strided inputs (last dim must be contiguous; otherwise copied).
 
-Known limits: head dim 256 runs but is not tuned; no attention bias / alibi / sliding window; the
+Launch configs: autotuned on the GPU over a small list per kernel, keyed on (power-of-two seqlen bucket,
+head dim, causal, varlen, dropout); FLASH_AUTOTUNE=0 uses one fixed config (GPU tests); under
+TRITON_INTERPRET=1 one 16x16 config. Causal grids run the heaviest query blocks first
+(FLASH_REVERSE=0 turns that off, for A/B timing).
+
+Known limits: head dim 256 runs (tested with the fixed config) but is not tuned; varlen input checks
+read cu_seqlens on the host (one device sync per call); no attention bias / alibi / sliding window; the
 backward recomputes QK^T and dO V^T in both backward kernels (7 matmuls instead of 5) as the price
 of having no atomics.
 
-Layout of this module (the block-sparse kernel in kernels/blocksparse.py reuses the SHARED parts):
+Layout of this module (the parts marked SHARED are the building blocks kernels/blocksparse.py is meant to reuse):
 @triton.jit building blocks -> @triton.jit kernels -> host launchers with input checks ->
 autograd.Function -> public `flash_attn_func` / `flash_attn_varlen_func`.
 """
