@@ -58,3 +58,21 @@ def test_flops_and_peak():
     assert detect_peak_flops("NVIDIA H100 80GB HBM3") == 989.5e12
     assert detect_peak_flops("NVIDIA H100 PCIe") == 756e12
     assert detect_peak_flops("Some CPU") is None
+
+
+def test_compare_attention_summary(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from compare_attention import read_metrics, summarize
+
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("epoch,perf/tokens_per_s,perf/step_time_ms,perf/peak_mem_gib,step,train/loss,val/ppl\n"
+                   "0,10.0,900.0,1.0,9,5.0,\n"      # first window: warm-up, left out of the speed
+                   "0,100.0,100.0,2.0,19,4.0,\n"
+                   "0,300.0,50.0,1.5,29,3.0,\n"
+                   "0,,,,29,,42.0\n")
+    s = summarize(read_metrics(csv))
+    assert s["tokens_per_s"] == 200.0 and s["step_time_ms"] == 75.0
+    assert s["peak_mem_gib"] == 2.0 and s["val/ppl"] == 42.0 and s["train/loss"] == 3.0

@@ -102,6 +102,7 @@ def tokenize_to_memmaps(dataset, out_dir, *, val_fraction=0.005, seed=2357, num_
     out_dir = Path(out_dir)
     stamp = make_stamp(stamp, val_fraction, seed)
     if is_prepared(out_dir, stamp):
+        print(f"{out_dir} is up to date (stamp {stamp}); nothing to do")
         return json.loads((out_dir / "meta.json").read_text())
     out_dir.mkdir(parents=True, exist_ok=True)
     if num_proc is not None and num_proc <= 1:
