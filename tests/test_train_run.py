@@ -43,7 +43,7 @@ def run_inprocess(overrides, out):
 def test_smoke_cli_writes_everything_under_run_dir(embedded_data, tmp_path):
     run_dir = tmp_path / "run"
     p = subprocess.run([sys.executable, "train/run.py", "debug=smoke", f"hydra.run.dir={run_dir}"],
-                       cwd=tmp_path if False else REPO, capture_output=True, text=True, timeout=300)
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = metrics(run_dir)
     loss = series(rows, "train/loss")
