@@ -59,7 +59,8 @@ def standard_attention(
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
     k, v = repeat_kv(k, nheads), repeat_kv(v, nheads)
 
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    # Scale q (N x d) rather than the scores (N x N): one pass over the big matrix fewer.
+    scores = torch.einsum("bqhd,bkhd->bhqk", q * scale, k)
     allowed = None
     if causal:
         allowed = causal_mask(seqlen_q, seqlen_k, q.device)
@@ -68,12 +69,11 @@ def standard_attention(
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
 
-    stat_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    lse = torch.logsumexp(scores.to(stat_dtype), dim=-1)
     probs = torch.softmax(scores, dim=-1)
-    if allowed is not None:
-        # A fully masked row softmaxes to NaN; it must attend to nothing instead.
-        probs = probs.masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0)
+    # A fully masked row softmaxes to NaN; it must attend to nothing instead. Causal masking alone
+    # empties rows only when seqlen_q > seqlen_k, so the common case pays no extra pass (and no sync).
+    if mask is not None or (causal and seqlen_q > seqlen_k):
+        probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
 
     if dropout_mask is not None:
         probs = probs * dropout_mask.to(probs.dtype) / (1.0 - dropout_p)
@@ -81,4 +81,7 @@ def standard_attention(
         probs = torch.nn.functional.dropout(probs, p=dropout_p)
 
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
-    return (out, lse) if return_lse else out
+    if not return_lse:
+        return out
+    stat_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return out, torch.logsumexp(scores.to(stat_dtype), dim=-1)
