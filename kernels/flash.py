@@ -58,24 +58,64 @@ def _interpreting() -> bool:
 # ---------------------------------------------------------------------------------------------------
 
 
+# Which dropout stream the kernels draw (A/B switch, read once at import): "philox4" (default) takes all
+# four 32-bit outputs of one Philox call for four consecutive keys; "philox1" is the previous scheme
+# (one call per score element, three of its four outputs thrown away). Both are documented below.
+_RNG4 = tl.constexpr(os.environ.get("FLASH_DROPOUT_RNG", "philox4") != "philox1")
+
+
 @triton.jit
 def dropout_keep(seed, bh, rows, cols, drop_thresh):
-    """Dropout keep-mask for query indices `rows` and key indices `cols` of head `bh`.
+    """Dropout keep-mask for query indices `rows` and key indices `cols` of head `bh` (any shapes).
 
     SHARED with kernels/blocksparse.py: keep the signature stable.
     seed: int64 scalar (the value loaded from the seed tensor); bh: batch * nheads + query head;
     rows, cols: int32 index tensors that broadcast against each other (rows[:, None], cols[None, :]
     gives an (M, N) mask; rows[None, :], cols[:, None] its transpose); drop_thresh: int in [0, 2^24],
-    round(dropout_p * 2^24). An element is kept iff the top 24 bits of Philox(seed; cols, rows, bh, 0)
+    round(dropout_p * 2^24). The stream: (x0, x1, x2, x3) = Philox4x32-10(key = seed; counter =
+    (cols // 4, rows, bh, 0)); element (row, col) takes x_(col % 4) and is kept iff its top 24 bits
     are >= drop_thresh, so P(keep) = 1 - dropout_p. Positions are absolute within a sequence, so any
-    tiling (and the varlen path) draws the same mask.
+    tiling, the varlen path and the block-sparse kernel draw the same mask. This element-wise form is
+    the reference (dropout_keep_mask); the kernels use `dropout_keep_tile`, which draws the same bits
+    with one Philox call per four keys instead of one per key.
     """
-    c0 = cols + rows * 0
-    c1 = rows + cols * 0
-    c2 = c0 * 0 + bh
-    r, _, _, _ = tl.philox(seed, c0, c1, c2, c0 * 0)
+    if _RNG4:
+        c0 = (cols >> 2) + rows * 0
+        c1 = rows + cols * 0
+        c2 = c0 * 0 + bh
+        x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
+        lane = (cols & 3) + rows * 0
+        r = tl.where(lane == 0, x0, tl.where(lane == 1, x1, tl.where(lane == 2, x2, x3)))
+    else:
+        c0 = cols + rows * 0
+        c1 = rows + cols * 0
+        c2 = c0 * 0 + bh
+        r, _, _, _ = tl.philox(seed, c0, c1, c2, c0 * 0)
     r24 = (r >> 8).to(tl.int32)
     return r24 >= drop_thresh
+
+
+@triton.jit
+def dropout_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
+    """The (len(rows), BLOCK_N) tile of the `dropout_keep` mask for keys start_col .. start_col + BLOCK_N.
+
+    SHARED with kernels/blocksparse.py (through the block steps). rows: 1-D absolute query indices;
+    start_col: a multiple of 4 (every tile start is: tiles are >= 16 wide and aligned); BLOCK_N a
+    multiple of 4. One Philox call per (row, group of 4 keys); its four outputs are interleaved back
+    into key order, so the result equals dropout_keep(seed, bh, rows[:, None], cols[None, :]).
+    """
+    if _RNG4:
+        g = start_col // 4 + tl.arange(0, BLOCK_N // 4)
+        c0 = g[None, :] + rows[:, None] * 0
+        c1 = rows[:, None] + g[None, :] * 0
+        c2 = c0 * 0 + bh
+        x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
+        # interleave(interleave(x0, x2), interleave(x1, x3)) = x0, x1, x2, x3, x0, x1, ... along keys.
+        r = tl.interleave(tl.interleave(x0, x2), tl.interleave(x1, x3))
+        return (r >> 8).to(tl.int32) >= drop_thresh
+    else:
+        cols = start_col + tl.arange(0, BLOCK_N)
+        return dropout_keep(seed, bh, rows[:, None], cols[None, :], drop_thresh)
 
 
 @triton.jit
@@ -140,7 +180,7 @@ def fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start
     acc = acc * alpha[:, None]
     v = load_tile(v_base, stride_vn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASK_SEQ)
     if HAS_DROPOUT:
-        keep = dropout_keep(seed, bh, offs_m[:, None], cols[None, :], drop_thresh)
+        keep = dropout_keep_tile(seed, bh, offs_m, start_n, drop_thresh, offs_n.shape[0])
         p = tl.where(keep, p, 0.0)
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, m_new, l_i
@@ -175,7 +215,13 @@ def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, str
         pT = tl.where(cols[:, None] <= rows[None, :] + diag_offset, pT, 0.0)
     dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
     if HAS_DROPOUT:
-        keepT = dropout_keep(seed, bh, rows[None, :], cols[:, None], drop_thresh)
+        # Draw in the (query, key) orientation (four keys per Philox call), then transpose (as int8:
+        # a layout shuffle through shared memory, cheaper than three more Philox calls per element).
+        if _RNG4:
+            keep = dropout_keep_tile(seed, bh, rows, tl.min(cols, 0), drop_thresh, cols.shape[0])
+            keepT = tl.trans(keep.to(tl.int8)) != 0
+        else:
+            keepT = dropout_keep(seed, bh, rows[None, :], cols[:, None], drop_thresh)
         pdT = tl.where(keepT, pT * drop_scale, 0.0)
         dv = tl.dot(pdT.to(do.dtype), do, dv)
         dpT = tl.where(keepT, dpT * drop_scale, 0.0)
@@ -214,7 +260,7 @@ def bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_v
         p = tl.where(allowed, p, 0.0)
     dp = tl.dot(do, tl.trans(v)).to(tl.float32)
     if HAS_DROPOUT:
-        keep = dropout_keep(seed, bh, rows[:, None], cols[None, :], drop_thresh)
+        keep = dropout_keep_tile(seed, bh, rows, start_n, drop_thresh, offs_n.shape[0])
         dp = tl.where(keep, dp * drop_scale, 0.0)
     ds = p * (dp - delta[:, None])
     dq = tl.dot(ds.to(k.dtype), k, dq)

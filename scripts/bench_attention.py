@@ -9,6 +9,9 @@ Full run (about 8 minutes on an H100):
     python scripts/bench_attention.py --out results/attention --tag h100
 Quick tuning run:
     python scripts/bench_attention.py --seqlens 1024 4096 --hdims 128 --providers ours sdpa_flash --no-memory
+Fused-dropout A/B at the GPT-2 small training shape (B 16, N 1024, H 12, D 64, causal, bf16), dropout 0 and
+0.1: our kernel with each dropout RNG (FLASH_DROPOUT_RNG, one process each, own Triton cache) and SDPA-flash:
+    python scripts/bench_attention.py --dropout-ab philox1 philox4 --out results/attention --tag dropout_ab
 Writes <tag>.csv, <tag>.json (rows + GPU, versions, date, command, autotune picks), <tag>.md, <tag>.png.
 """
 from __future__ import annotations
@@ -107,6 +110,94 @@ def bench_one(name, b, h, n, d, causal, modes, memory, rep):
     del q, k, v, do
     torch.cuda.empty_cache()
     return row
+
+
+GPT2_SMALL = dict(b=16, n=1024, h=12, d=64)
+
+
+def dropout_ab_worker(rep):
+    """One process, one dropout RNG (set by the parent in FLASH_DROPOUT_RNG): ours and SDPA-flash at the
+    GPT-2 small shape, dropout 0 and 0.1, forward and forward+backward. Prints one JSON line per row."""
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels.flash import flash_attn_func
+    b, n, h, d = GPT2_SMALL["b"], GPT2_SMALL["n"], GPT2_SMALL["h"], GPT2_SMALL["d"]
+    rng = os.environ.get("FLASH_DROPOUT_RNG", "philox4")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for prov in ("ours", "sdpa_flash"):
+        layout = (b, n, h, d) if prov == "ours" else (b, h, n, d)
+        q, k, v = (torch.randn(layout, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+                   for _ in range(3))
+        do = torch.randn(layout, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for p in (0.0, 0.1):
+            if prov == "ours":
+                fn = lambda: flash_attn_func(q, k, v, dropout_p=p, causal=True)  # noqa: E731
+            else:
+                def fn():
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            row = {"kind": "dropout_ab", "provider": f"ours-{rng}" if prov == "ours" else f"sdpa_flash@{rng}", "dropout": p,
+                   "batch": b, "seqlen": n, "heads": h, "hdim": d, "causal": True}
+            for mode in ("fwd", "fwdbwd"):
+                if mode == "fwd":
+                    def run():
+                        with torch.no_grad():
+                            fn()
+                else:
+                    def run():
+                        torch.autograd.grad(fn(), (q, k, v), do)
+                run()  # autotune / compile outside the timing
+                torch.cuda.synchronize()
+                ms = triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median")
+                row[f"{mode}_ms"] = ms
+                row[f"{mode}_tflops"] = flops(b, h, n, d, True, mode) / ms * 1e-9
+            print("ABROW " + json.dumps(row), flush=True)
+    print("ABTUNE " + json.dumps(autotune_picks()), flush=True)
+
+
+def dropout_ab(args, meta):
+    """Run one worker per RNG variant (fresh process; non-default variants get their own TRITON_CACHE_DIR)."""
+    import subprocess
+    rows, tunes = [], {}
+    for rng in args.dropout_ab:
+        env = dict(os.environ, FLASH_DROPOUT_RNG=rng)
+        if rng != "philox4":  # the default variant keeps the default cache (bench_training's ours-flash reuses it)
+            env["TRITON_CACHE_DIR"] = f"/tmp/triton_cache_{rng}"
+        cmd = [sys.executable, os.path.abspath(__file__), "--dropout-ab-worker", "--rep", str(args.rep)]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        got = [json.loads(ln[6:]) for ln in p.stdout.splitlines() if ln.startswith("ABROW ")]
+        tunes[rng] = [json.loads(ln[7:]) for ln in p.stdout.splitlines() if ln.startswith("ABTUNE ")]
+        if p.returncode != 0 or not got:
+            rows.append({"kind": "dropout_ab", "provider": f"ours-{rng}", "error": (p.stderr or p.stdout)[-1500:]})
+        rows += got
+        print(p.stdout[-3000:], p.stderr[-1500:] if p.returncode else "", flush=True)
+    meta["autotune"] = tunes
+    base = os.path.join(args.out, args.tag)
+    with open(base + ".json", "w") as f:
+        json.dump({**meta, "rows": rows}, f, indent=1)
+    ok = [r for r in rows if "error" not in r]
+    ref = {(r["provider"], r["dropout"]): r for r in ok}
+    lines = [f"# Fused dropout A/B at the GPT-2 small attention shape ({meta['gpu']})", "",
+             f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. Command: `{meta['command']}`", "",
+             "B 16, N 1024, H 12, D 64, causal, bf16; median ms of triton.testing.do_bench (forward under no_grad; "
+             "forward+backward = autograd.grad of q, k, v). ours-philox1: one Philox4x32-10 call per score "
+             "element (the previous kernel); ours-philox4: one call per 4 keys. Each variant ran in its own "
+             "process (own autotune; philox1 with its own Triton cache); SDPA-flash was measured in each "
+             "process (sdpa_flash@<variant>).", "",
+             "| provider | dropout | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | dropout cost fwd+bwd (ms) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in ok:
+        base0 = ref.get((r["provider"], 0.0))
+        cost = f"{r['fwdbwd_ms'] - base0['fwdbwd_ms']:+.3f}" if base0 and r["dropout"] > 0 else ""
+        lines.append(f"| {r['provider']} | {r['dropout']} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
+                     f"{r['fwdbwd_tflops']:.0f} | {cost} |")
+    lines += [f"| {r['provider']} | failed: {r['error'].strip().splitlines()[-1][:150]} | | | | |"
+              for r in rows if "error" in r]
+    md = "\n".join(lines) + "\n"
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    print(md)
 
 
 def standard_fits(b, h, n):
@@ -215,13 +306,22 @@ def main():
     ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time in ms")
     ap.add_argument("--out", default="results/attention")
     ap.add_argument("--tag", default="bench")
+    ap.add_argument("--dropout-ab", nargs="+", default=None, choices=["philox1", "philox4"],
+                    help="only the fused-dropout A/B at the GPT-2 small shape, one process per RNG variant")
+    ap.add_argument("--dropout-ab-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.dropout_ab_worker:
+        dropout_ab_worker(args.rep)
+        return
 
     import triton
     os.makedirs(args.out, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "command": "python " + " ".join(sys.argv)}
+    if args.dropout_ab:
+        dropout_ab(args, meta)
+        return
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     rows = []
     t0 = time.time()

@@ -2,6 +2,7 @@
 
     python scripts/bench_training.py --out results/training            # every row, one process each
     python scripts/bench_training.py --rows ours-sdpa,hf-sdpa --steps 20
+    python scripts/bench_training.py --rows ours-sdpa,ours-flash,ours-flash-philox1 --out results/training/flash_dropout
 
 GPT-2 small (124M), context 1024, micro-batch 16, bf16 autocast, AdamW (fused), gradient clipping
 1.0, dropout 0.1, random initialisation, the same token windows for every row. Each row runs in its
@@ -11,7 +12,8 @@ optimizer steps untimed, then `--steps` timed with a device sync at both ends.
 Rows: hf-eager / hf-sdpa (transformers' own training step: attn_implementation "eager" / "sdpa"),
 ours-standard / ours-sdpa / ours-sdpa-compile / ours-flash (the real `train/run.py` path: the
 composed Hydra config, LMTask and LMDataModule driven by lightning.Trainer, with the checkpoint,
-logger and progress-bar extras off so that only the training loop is timed).
+logger and progress-bar extras off so that only the training loop is timed). Not in the default list:
+ours-flash-philox1 (ours-flash with the previous dropout RNG, FLASH_DROPOUT_RNG=philox1, for A/B runs).
 Writes bench_training.json and bench_training.md (GPU, versions, date, command) to --out.
 """
 from __future__ import annotations
@@ -31,7 +33,9 @@ sys.path.insert(0, str(REPO))
 
 ROWS = ["hf-eager", "hf-sdpa", "ours-standard", "ours-sdpa", "ours-sdpa-compile", "ours-flash"]
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False),
-        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False)}
+        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False), "ours-flash-philox1": ("flash", False)}
+# Extra environment of a row's process (A/B rows; their own Triton cache so no compiled binary is shared).
+ROW_ENV = {"ours-flash-philox1": {"FLASH_DROPOUT_RNG": "philox1", "TRITON_CACHE_DIR": "/tmp/triton_cache_philox1"}}
 
 
 def _windows(data_dir: str, seq_len: int, n: int, seed: int):
@@ -187,7 +191,8 @@ def main():
                "--data-dir", args.data_dir, "--data-source", args.data_source, "--workdir", args.workdir]
         t = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout,
+                               env={**os.environ, **ROW_ENV.get(name, {})})
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROWJSON ")]
             if p.returncode == 0 and line:
                 rows.append(json.loads(line[-1][8:]))

@@ -174,6 +174,38 @@ def test_dropout_seeded_fresh_and_unbiased(device):
     assert abs(mean - 1.0) < 0.03, mean
     big = dropout_keep_mask(torch.tensor([99], device=device), 2, 3, 300, 200, p)
     assert abs(big.float().mean().item() - (1 - p)) < 0.005
+    # One Philox call feeds four consecutive keys: each of its four outputs must be unbiased on its own
+    # and independent of its neighbour (P(two adjacent keys agree) = (1-p)^2 + p^2 for independent draws).
+    lanes = big.float().view(2, 3, 300, 50, 4).mean(dim=(0, 1, 2, 3))
+    assert (lanes - (1 - p)).abs().max().item() < 0.01, lanes
+    agree = (big[..., 1:] == big[..., :-1]).float().mean().item()
+    assert abs(agree - ((1 - p) ** 2 + p ** 2)) < 0.01, agree
+
+
+def _philox4x32_10(key: int, c0, c1, c2, c3):
+    """Philox4x32-10 (Salmon et al., SC'11) in numpy uint64 arithmetic: the documented mask's reference."""
+    import numpy as np
+    m32 = np.uint64(0xFFFFFFFF)
+    c = [np.asarray(x, dtype=np.uint64) & m32 for x in (c0, c1, c2, c3)]
+    k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    ma, mb = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(10):
+        pa, pb = ma * c[0], mb * c[2]
+        c = [(pb >> np.uint64(32)) ^ c[1] ^ k0, pb & m32, (pa >> np.uint64(32)) ^ c[3] ^ k1, pa & m32]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+    return c
+
+
+def test_dropout_mask_is_the_documented_philox_stream(device):
+    """dropout_keep's documented stream: x = Philox(seed; key // 4, query, bh, 0), key k takes x[k % 4]."""
+    import numpy as np
+    seed, bsz, h, nq, nk, p = 0x0123456789AB, 2, 3, 19, 37, 0.4
+    mask = dropout_keep_mask(torch.tensor([seed], device=device), bsz, h, nq, nk, p).cpu().numpy()
+    bh, row, col = np.meshgrid(np.arange(bsz * h), np.arange(nq), np.arange(nk), indexing="ij")
+    x = _philox4x32_10(seed, col // 4, row, bh, np.zeros_like(col))
+    r = np.choose(col % 4, x)
+    expect = (r >> np.uint64(8)) >= np.uint64(round(p * 2**24))
+    assert np.array_equal(mask.reshape(bsz * h, nq, nk), expect)
 
 
 def _rerun_identical(q, k, v, **kw):
