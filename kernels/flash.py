@@ -13,9 +13,11 @@ Algorithm
 - Causal masking is bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). Tiles that
   are fully masked are skipped; only the tiles on the diagonal and at the sequence end pay for masking
   (two loop stages per kernel). A query row that sees no key gets O = 0, LSE = -inf, zero gradient.
-- Dropout is fused: a counter-based Philox stream keyed on a seed drawn from torch's generator on the
-  inputs' device, counter = (key index, query index, batch * nheads + head). Backward regenerates the
-  same mask; no mask is stored. `dropout_keep_mask` returns the kernel's mask for tests.
+- Dropout is fused: a counter-based Philox4x32-10 stream keyed on a seed drawn from torch's generator on
+  the inputs' device, counter = (key index // 4, query index, batch * nheads + head, 0); its four 32-bit
+  outputs serve four consecutive keys (one Philox call per 4 scores; see `dropout_keep`). Backward
+  regenerates the same mask; no mask is stored. `dropout_keep_mask` returns the kernel's mask for tests.
+  FLASH_DROPOUT_RNG=philox1 (read at import) selects the previous stream, one call per score, for A/B runs.
 - Varlen (packed sequences, cu_seqlens) runs through the same kernels with the VARLEN constexpr.
 
 Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact under the
