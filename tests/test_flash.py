@@ -9,9 +9,12 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels.attention import FlashAttention, StandardAttention
-from kernels.flash import (dropout_keep_mask, draw_dropout_seed, flash_attn_func, flash_attn_varlen_func)
+from kernels.flash import (dropout_keep, dropout_keep_mask, dropout_keep_tile, draw_dropout_seed, flash_attn_func,
+                           flash_attn_varlen_func)
 from kernels.standard import standard_attention
 
 FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -206,6 +209,31 @@ def test_dropout_mask_is_the_documented_philox_stream(device):
     r = np.choose(col % 4, x)
     expect = (r >> np.uint64(8)) >= np.uint64(round(p * 2**24))
     assert np.array_equal(mask.reshape(bsz * h, nq, nk), expect)
+
+
+@triton.jit
+def _tile_check_kernel(OUT, SEED, bh, start_row, start_col, thresh, M: tl.constexpr, N: tl.constexpr):
+    seed = tl.load(SEED)
+    rows = start_row + tl.arange(0, M)
+    cols = start_col + tl.arange(0, N)
+    tile = dropout_keep_tile(seed, bh, rows, start_col, thresh, N)
+    ok = tile == dropout_keep(seed, bh, rows[:, None], cols[None, :], thresh)
+    tile_t = tl.trans(tile.to(tl.int8)) != 0
+    ok_t = tile_t == dropout_keep(seed, bh, rows[None, :], cols[:, None], thresh)
+    ok = ok & (tl.trans(ok_t.to(tl.int8)) != 0)
+    tl.store(OUT + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :], tile.to(tl.int8) + 2 * ok.to(tl.int8))
+
+
+def test_dropout_tile_equals_elementwise_mask(device):
+    """The kernels' 4-keys-per-Philox tile (and its transpose, as the dK/dV step uses it) equals the element-wise
+    `dropout_keep` at GPU-sized tiles and a tile start that is not at key 0."""
+    m, n = 32, 64
+    out = torch.zeros(m, n, dtype=torch.int8, device=device)
+    _tile_check_kernel[(1,)](out, torch.tensor([0x5EED5EED1234], device=device), 5, 96, 192, round(0.5 * 2**24),
+                             M=m, N=n)
+    assert bool((out >= 2).all())  # every element agrees, both orientations
+    kept = (out % 2).float().mean().item()
+    assert 0.4 < kept < 0.6  # and the mask is not trivially all-kept / all-dropped
 
 
 def _rerun_identical(q, k, v, **kw):
