@@ -55,6 +55,7 @@ from kernels.flash import (
     check_inputs,
     draw_dropout_seed,
     fwd_block_step,
+    fwd_finalize,
     load_row_stats,
     load_tile,
 )
@@ -178,13 +179,7 @@ def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX,
         acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
                                        offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
                                        HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    if HAS_DROPOUT:
-        acc = acc * (drop_scale / l_safe)[:, None]
-    else:
-        acc = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))  # base 2, as flash.py keeps it
+    acc, lse = fwd_finalize(acc, m_i, l_i, drop_scale, HAS_DROPOUT)  # lse in base 2, as flash.py keeps it
     row_ok = offs_m < seqlen_q
     tl.store(LSE + b64 * stride_lb + h * stride_lh + offs_m, lse, mask=row_ok)
     o_ptrs = O + b64 * stride_ob + h * stride_oh + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :]

@@ -189,6 +189,24 @@ def fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start
 
 
 @triton.jit
+def fwd_finalize(acc, m_i, l_i, drop_scale, HAS_DROPOUT: tl.constexpr):
+    """Normalise the forward accumulator and form the base-2 log-sum-exp after the last block step.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    Rows that saw no key (l_i == 0) get output 0 and LSE -inf. With HAS_DROPOUT the kept
+    probabilities are rescaled by drop_scale = 1 / (1 - p). Returns (out fp32, lse).
+    """
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    if HAS_DROPOUT:
+        acc = acc * (drop_scale / l_safe)[:, None]
+    else:
+        acc = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))
+    return acc, lse
+
+
+@triton.jit
 def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m,
                         offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale,
                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr,
@@ -354,13 +372,7 @@ def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seq
         acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
                                        offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
                                        HEAD_DIM, BLOCK_D, IS_CAUSAL, True, HAS_DROPOUT)
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    if HAS_DROPOUT:
-        acc = acc * (drop_scale / l_safe)[:, None]
-    else:
-        acc = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))
+    acc, lse = fwd_finalize(acc, m_i, l_i, drop_scale, HAS_DROPOUT)
     row_ok = offs_m < seqlen_q
     tl.store(lse_base + offs_m, lse, mask=row_ok)
     o_ptrs = o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :]
