@@ -66,6 +66,7 @@ class SpeedMonitor(L.Callback):
         self.flops_per_token = flops_per_token(m.num_params(), c.n_layer, c.n_head, c.head_dim,
                                                trainer.datamodule.seq_len, self.causal)
         self._tokens = 0
+        self._world_size = trainer.world_size
         self._last_step = trainer.global_step
         self._sync(pl_module)
         self._t0 = time.perf_counter()
@@ -104,7 +105,8 @@ class SpeedMonitor(L.Callback):
         tok, sec, steps = (sum(r[k] for r in rows) for k in ("tokens", "seconds", "steps"))
         out = {"tokens_per_s": tok / sec, "step_time_ms": 1000 * sec / steps}
         if self.peak_flops:
-            out["mfu"] = self.flops_per_token * out["tokens_per_s"] / self.peak_flops
+            # tokens_per_s counts every rank; MFU is per GPU, as in the per-window records.
+            out["mfu"] = self.flops_per_token * out["tokens_per_s"] / self._world_size / self.peak_flops
         if "peak_mem_gib" in rows[-1]:
             out["peak_mem_gib"] = max(r["peak_mem_gib"] for r in rows)
         return out

@@ -84,7 +84,10 @@ def main(cfg: DictConfig):
     os.makedirs(cfg.output_dir, exist_ok=True)
     trainer, _ = train(cfg)
     final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "train/"))}
-    print(f"done: {trainer.global_step} steps, {final}, outputs in {cfg.output_dir}")
+    from train.callbacks import SpeedMonitor
+
+    speed = next((c.steady_state() for c in trainer.callbacks if isinstance(c, SpeedMonitor)), {})
+    print(f"done: {trainer.global_step} steps, {final}, steady-state speed {speed}, outputs in {cfg.output_dir}")
 
 
 if __name__ == "__main__":
