@@ -15,9 +15,10 @@ How it works:
   are cached on the BlockSparseLayout object, keyed by tile sizes, sequence lengths, causal and device.
 - Forward: grid (query tiles, batch * heads); online softmax over the listed key tiles (full ones
   without element masks, then partial ones), fused dropout; stores O and the base-2 LSE.
-- Backward (FA2 split, no atomics, so reruns are bit-identical): delta = rowsum(dO * O); a dK/dV kernel
-  over key tiles walking the transposed list, and a dQ kernel over query tiles walking the forward list,
-  both recomputing P from Q, K and LSE.
+- Backward (FA2 split, no atomics, so reruns are bit-identical): delta = rowsum(dO * O), then one launch
+  whose programs are of two kinds: dK/dV of a key tile, walking the transposed list, and dQ of a query
+  tile, walking the forward list; both recompute P from Q, K and LSE. Full query tiles are loaded
+  without row masks.
 
 The per-tile work (online-softmax step with optional masking and fused dropout, the dK/dV and dQ
 recomputation steps, the dropout RNG, input checks, delta preprocessing) is kernels/flash.py's, shared
@@ -40,6 +41,7 @@ kernel; 64K tokens fits in about 1 GB of extra memory. Against FlexAttention wit
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -187,28 +189,21 @@ def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX,
 
 
 @triton.jit
-def _bs_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, COL_FULL, COL_PART, COL_IDX,
-                        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-                        stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                        stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-                        stride_lb, stride_lh, stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k,
-                        sm_scale, qk_scale, drop_thresh, drop_scale,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
-    pid_n = tl.program_id(0)
-    bhk = tl.program_id(1)
-    nheads_k = nheads // group
-    b = bhk // nheads_k
-    hk = bhk % nheads_k
+def _bs_dkdv_program(pid_n, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FULL, COL_PART, COL_IDX,
+                     stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                     stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                     stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                     stride_lb, stride_lh, stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k,
+                     sm_scale, qk_scale, drop_thresh, drop_scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    """dK and dV of key tile `pid_n` of (batch b, key/value head hk): walk the transposed layout."""
     b64 = b.to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     k = load_tile(K + b64 * stride_kb + hk * stride_kh, stride_kn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, True)
     v = load_tile(V + b64 * stride_vb + hk * stride_vh, stride_vn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, True)
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
     diag = seqlen_k - seqlen_q
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -225,17 +220,19 @@ def _bs_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, COL_FULL, COL_PAR
         n_full = tl.load(COL_FULL + lay)
         n_part = tl.load(COL_PART + lay)
         idx_ptr = COL_IDX + lay.to(tl.int64) * idx_width
+        # Full query tiles lie wholly inside the sequence: no row masks on their loads.
         for t in range(0, n_full):
             start_m = tl.load(idx_ptr + t) * BLOCK_M
             dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
                                          stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
-                                         seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT)
+                                         seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT,
+                                         False)
         for t in range(n_full, n_full + n_part):
             start_m = tl.load(idx_ptr + t) * BLOCK_M
             dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
                                          stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
                                          seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, CAUSAL,
-                                         HAS_DROPOUT)
+                                         HAS_DROPOUT, True)
     dk = dk * sm_scale
     ok = (cols[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
     rows64 = cols[:, None].to(tl.int64)
@@ -246,18 +243,16 @@ def _bs_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, COL_FULL, COL_PAR
 
 
 @triton.jit
-def _bs_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, ROW_FULL, ROW_PART, ROW_IDX,
-                      stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-                      stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                      stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
-                      stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k, sm_scale, qk_scale,
-                      drop_thresh, drop_scale,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // nheads
-    h = bh % nheads
+def _bs_dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW_PART, ROW_IDX,
+                   stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                   stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                   stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                   stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k, sm_scale, qk_scale,
+                   drop_thresh, drop_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    """dQ of query tile `pid_m` of (batch b, query head h): walk the forward layout."""
+    bh = b * nheads + h
     b64 = b.to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -269,9 +264,6 @@ def _bs_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, ROW_FULL, ROW_PART, ROW
                                 rows, seqlen_q)
     k_base = K + b64 * stride_kb + (h // group) * stride_kh
     v_base = V + b64 * stride_vb + (h // group) * stride_vh
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
     diag = seqlen_k - seqlen_q
     lay = h * stride_lay_h + pid_m
     n_full = tl.load(ROW_FULL + lay)
@@ -294,28 +286,94 @@ def _bs_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, ROW_FULL, ROW_PART, ROW
              dq.to(DQ.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
+                   COL_FULL, COL_PART, COL_IDX, ROW_FULL, ROW_PART, ROW_IDX,
+                   stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                   stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                   stride_dqb, stride_dqm, stride_dqh, stride_dkb, stride_dkn, stride_dkh,
+                   stride_dvb, stride_dvn, stride_dvh, stride_lb, stride_lh,
+                   col_lay_h, col_width, row_lay_h, row_width, n_kv_tiles, n_q_tiles, nheads, group,
+                   seqlen_q, seqlen_k, sm_scale, qk_scale, drop_thresh, drop_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+                   BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr,
+                   HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr):
+    """Backward programs; axis 1 is batch * key/value heads. ROLE 1: program pid computes dK/dV of key
+    tile pid (tiles BLOCK_M1 x BLOCK_N1). ROLE 2: program pid computes dQ of query tile pid % n_q_tiles
+    of the group's query head pid // n_q_tiles (tiles BLOCK_M2 x BLOCK_N2). ROLE 0: both in one launch,
+    the first n_kv_tiles programs as ROLE 1, the rest as ROLE 2."""
+    pid = tl.program_id(0)
+    bhk = tl.program_id(1)
+    nheads_k = nheads // group
+    b = bhk // nheads_k
+    hk = bhk % nheads_k
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    if ROLE == 0:
+        is_dkdv = pid < n_kv_tiles
+        j = pid - n_kv_tiles
+    else:
+        is_dkdv = ROLE == 1
+        j = pid
+    if is_dkdv:
+        _bs_dkdv_program(pid, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FULL, COL_PART, COL_IDX,
+                         stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                         stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                         stride_lb, stride_lh, col_lay_h, col_width, nheads, group, seqlen_q, seqlen_k,
+                         sm_scale, qk_scale, drop_thresh, drop_scale,
+                         HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, HAS_DROPOUT)
+    else:
+        h = hk * group + j // n_q_tiles
+        _bs_dq_program(j % n_q_tiles, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW_PART, ROW_IDX,
+                       stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                       stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                       stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                       row_lay_h, row_width, nheads, group, seqlen_q, seqlen_k, sm_scale, qk_scale,
+                       drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, HAS_DROPOUT)
+
+
 # ------------------------------------------------------------------------------------------------
 # Launcher
 # ------------------------------------------------------------------------------------------------
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head-dim class (<= 64, > 64) on the GPU; each
-# tile is capped at block_size (tiles must divide it). The fastest of the H100 tile sweep at 16K,
-# butterfly, bf16 (results/blocksparse/sweep.md; most candidates were within a few percent); fixed
-# rather than autotuned because the cached tables depend on them.
+# Tiles per kernel and head-dim class (<= 64, > 64) on the GPU: "fwd" (BLOCK_M, BLOCK_N, num_warps,
+# num_stages); "bwd" (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages): dK/dV tiles
+# (query x key), then dQ tiles; "bwd_mode": how the backward launches (see BWD_MODE). Each tile is capped
+# at block_size (tiles must divide it). Fixed rather than autotuned because the cached tables depend on
+# them. Chosen from H100 measurements at 16K, butterfly, bf16: results/blocksparse/sweep.md (forward),
+# bwd_variants.log (backward kernels alone) and bwd_modes.log (launch modes x tiles, end to end).
 TILES = {
-    64: {"fwd": (64, 64, 4, 3), "dkdv": (32, 64, 4, 4), "dq": (64, 64, 4, 3)},
-    128: {"fwd": (128, 128, 8, 3), "dkdv": (64, 64, 4, 3), "dq": (128, 128, 8, 2)},
+    64: {"fwd": (64, 64, 4, 3), "bwd": (64, 64, 64, 64, 4, 2), "bwd_mode": "split"},
+    128: {"fwd": (128, 128, 8, 3), "bwd": (64, 128, 128, 128, 8, 2), "bwd_mode": "fused"},
 }
 _INTERP_TILE = 16
+# How the backward's two kinds of program are launched: "split" (two launches, one after the other),
+# "streams" (dQ on a side stream, concurrent with dK/dV) or "fused" (one launch holding both kinds; the
+# kernel's shared memory then serves both, which costs occupancy with some tiles). None: the per-head-dim
+# choice in TILES. FLASH_BS_BWD=split|streams|fused overrides it (for A/B timing).
+BWD_MODE = os.environ.get("FLASH_BS_BWD") or None
+_SIDE_STREAMS: dict = {}
 
 
-def _tiles(kind: str, block_size: int, head_dim: int) -> tuple[int, int, int, int]:
+def _side_stream(device):
+    key = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=device)
+    return _SIDE_STREAMS[key]
+
+
+def _tiles(kind: str, block_size: int, head_dim: int):
+    if kind == "bwd_mode":
+        return TILES[64 if head_dim <= 64 else 128][kind]
     if _interpreting():
         t = math.gcd(block_size, _INTERP_TILE)
-        return t, t, 4, 1
-    bm, bn, warps, stages = TILES[64 if head_dim <= 64 else 128][kind]
+        return (t, t, 4, 1) if kind == "fwd" else (t, t, t, t, 4, 1)
+    cfg = TILES[64 if head_dim <= 64 else 128][kind]
+    *blocks, warps, stages = cfg
     if head_dim > 128:  # not tuned: keep register use in bounds
-        bm, bn, warps, stages = min(bm, 64), min(bn, 64), 4, 2
-    return math.gcd(block_size, bm), math.gcd(block_size, bn), warps, stages
+        blocks, warps, stages = [min(x, 64) for x in blocks], 4, 2
+    return (*(math.gcd(block_size, x) for x in blocks), warps, stages)
 
 
 def _as_layout(layout, block_size, nheads, seqlen_q, seqlen_k) -> BlockSparseLayout:
@@ -369,33 +427,45 @@ def _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p):
 def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p):
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    group = nheads // nheads_k
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = bwd_preprocess(o, do)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     thresh, drop_scale = _drop_consts(dropout_p)
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), CAUSAL=causal, HAS_DROPOUT=dropout_p > 0)
-
-    bm, bn, warps, stages = _tiles("dkdv", layout.block_size, d)
-    tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
-    _bs_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, bn), batch * nheads_k)](
-        q, k, v, do, dk, dv, lse, delta, seed, tab.col_full, tab.col_part, tab.col_idx, *strides,
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        lse.stride(0), lse.stride(1), _lay_stride(tab.col_full), tab.col_idx.shape[-1], nheads, nheads // nheads_k,
-        seqlen_q, seqlen_k, sm_scale, sm_scale * LOG2E, thresh, drop_scale,
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **consts,
-    )
-    bm, bn, warps, stages = _tiles("dq", layout.block_size, d)
-    tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
-    _bs_bwd_dq_kernel[(triton.cdiv(seqlen_q, bm), batch * nheads)](
-        q, k, v, do, dq, lse, delta, seed, tab.row_full, tab.row_part, tab.row_idx, *strides,
-        dq.stride(0), dq.stride(1), dq.stride(2), lse.stride(0), lse.stride(1),
-        _lay_stride(tab.row_full), tab.row_idx.shape[-1], nheads, nheads // nheads_k, seqlen_q, seqlen_k,
-        sm_scale, sm_scale * LOG2E, thresh, drop_scale,
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **consts,
-    )
+    bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", layout.block_size, d)
+    cols = compress_layout(layout, seqlen_q, seqlen_k, causal, bm1, bn1, q.device)
+    rows = compress_layout(layout, seqlen_q, seqlen_k, causal, bm2, bn2, q.device)
+    n_kv_tiles, n_q_tiles = triton.cdiv(seqlen_k, bn1), triton.cdiv(seqlen_q, bm2)
+    args = (q, k, v, do, dq, dk, dv, lse, delta, seed,
+            cols.col_full, cols.col_part, cols.col_idx, rows.row_full, rows.row_part, rows.row_idx,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1),
+            _lay_stride(cols.col_full), cols.col_idx.shape[-1], _lay_stride(rows.row_full), rows.row_idx.shape[-1],
+            n_kv_tiles, n_q_tiles, nheads, group, seqlen_q, seqlen_k, sm_scale, sm_scale * LOG2E, thresh,
+            drop_scale)
+    consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2, BLOCK_N2=bn2,
+                  CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, num_warps=warps, num_stages=stages)
+    bhk = batch * nheads_k
+    mode = BWD_MODE or _tiles("bwd_mode", layout.block_size, d)
+    if mode == "streams" and not q.is_cuda:
+        mode = "split"
+    if mode == "fused":
+        _bs_bwd_kernel[(n_kv_tiles + group * n_q_tiles, bhk)](*args, ROLE=0, **consts)
+    elif mode == "streams":
+        # dQ on a side stream, concurrent with dK/dV: neither kernel leaves its own tail wave.
+        main = torch.cuda.current_stream(q.device)
+        side = _side_stream(q.device)
+        side.wait_stream(main)
+        _bs_bwd_kernel[(n_kv_tiles, bhk)](*args, ROLE=1, **consts)
+        with torch.cuda.stream(side):
+            _bs_bwd_kernel[(group * n_q_tiles, bhk)](*args, ROLE=2, **consts)
+        main.wait_stream(side)
+    else:
+        _bs_bwd_kernel[(n_kv_tiles, bhk)](*args, ROLE=1, **consts)
+        _bs_bwd_kernel[(group * n_q_tiles, bhk)](*args, ROLE=2, **consts)
     return dq, dk, dv
 
 

@@ -186,11 +186,9 @@ def tile_sweep(rep, apply=False):
 
     cands = {
         64: {"fwd": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 4)],
-             "dkdv": [(32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 4), (64, 128, 4, 3)],
-             "dq": [(64, 64, 4, 3), (64, 32, 4, 4), (128, 32, 4, 3)]},
+             "bwd": [(64, 64, 64, 64, 4, 2), (64, 64, 64, 64, 4, 3), (32, 128, 64, 64, 4, 3)]},
         128: {"fwd": [(128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
-              "dkdv": [(64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3)],
-              "dq": [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 8, 2)]},
+              "bwd": [(64, 128, 128, 128, 8, 2), (64, 64, 64, 64, 4, 2), (64, 128, 128, 64, 8, 2)]},
     }
     out = []
     n = 16384
@@ -199,7 +197,7 @@ def tile_sweep(rep, apply=False):
         b, h = shape(n, d)
         q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
         do = torch.randn_like(q)
-        start = {kk: tuple(c) for kk, c in B.TILES[d].items()}
+        start = dict(B.TILES[d])
         for kind, cs in cands[d].items():
             best = None
             for c in cs:
@@ -241,7 +239,7 @@ def markdown(rows, meta, sweep):
              f"- command: `{meta['command']}`",
              f"- bf16, batch x seqlen = {TOKENS} tokens, nheads x headdim = {WIDTH}, block_size {BLOCK}, "
              "non-causal; times are medians (triton.testing.do_bench) in ms",
-             f"- tiles (BLOCK_M, BLOCK_N, warps, stages) per head-dim class: {meta.get('tiles')}",
+             f"- tiles per head-dim class (fwd: BLOCK_M, BLOCK_N, warps, stages; bwd: BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, warps, stages; bwd_mode, see kernels/blocksparse.py): {meta.get('tiles')}",
              "- speedup = our dense flash time / block-sparse time (same run); target at 16K, density <= 1/8: "
              ">= 0.7 / density for fwd+bwd", ""]
     for kind in ("seqlen", "density"):
@@ -367,7 +365,8 @@ def main():
     sweep = tile_sweep(args.rep, apply=args.apply) if args.sweep else []
     import kernels.blocksparse as B
 
-    meta["tiles"] = {str(d): {k: list(c) for k, c in t.items()} for d, t in B.TILES.items()}
+    meta["tiles"] = {str(d): {k: (c if isinstance(c, str) else list(c)) for k, c in t.items()}
+                     for d, t in B.TILES.items()}
     rows = []
     base = os.path.join(args.out, args.tag)
     points = [("seqlen", "butterfly", n, d) for d in args.hdims for n in args.seqlens]

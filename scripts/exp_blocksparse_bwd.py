@@ -285,12 +285,54 @@ def run_case(n, d, rep, log):
     return res
 
 
+def run_modes(n, d, rep, log):
+    """fwd+bwd through the library for each backward launch mode and tile set, FlexAttention beside."""
+    import kernels.blocksparse as Bs
+    from kernels.sparsity import butterfly
+
+    B, H = max(1, 16384 // n), 2048 // d
+    lay = butterfly(n, n, 128, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(B, n, H, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    res = {}
+    tiles0 = Bs.TILES[d]["bwd"]
+    for tiles in [(64, 64, 64, 64, 4, 3), (64, 64, 64, 64, 4, 2), (64, 128, 128, 128, 8, 2),
+                  (64, 128, 128, 64, 8, 3), (32, 128, 64, 64, 4, 3)]:
+        for mode in ("split", "streams", "fused"):
+            Bs.TILES[d]["bwd"], Bs.BWD_MODE = tiles, mode
+            try:
+                Bs.blocksparse_attn_func(q, k, v, lay).backward(do)
+                ms = triton.testing.do_bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do), warmup=10,
+                                             rep=rep, grad_to_none=[q, k, v], return_mode="median")
+            except Exception as e:
+                log(f"  modes n={n} d={d} {mode} {tiles}: failed {type(e).__name__}")
+                continue
+            res[f"{mode} {tiles}"] = round(ms, 4)
+            log(f"  modes n={n} d={d} {mode:7s} {tiles}: fwd+bwd {ms:.4f} ms")
+    Bs.TILES[d]["bwd"], Bs.BWD_MODE = tiles0, "split"
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    buf = lay.blocks[0].clone()
+    bm = create_block_mask(lambda bi, hi, qi, ki: buf[qi // 128, ki // 128], None, None, n, n, device="cuda",
+                           BLOCK_SIZE=128, _compile=True)
+    fx = torch.compile(flex_attention, dynamic=False)
+    qf, kf, vf, dof = (t.detach().transpose(1, 2).contiguous() for t in (q, k, v, do))
+    qf.requires_grad_(), kf.requires_grad_(), vf.requires_grad_()
+    fx(qf, kf, vf, block_mask=bm).backward(dof)
+    res["flex"] = round(triton.testing.do_bench(lambda: fx(qf, kf, vf, block_mask=bm).backward(dof), warmup=10,
+                                                rep=rep, grad_to_none=[qf, kf, vf], return_mode="median"), 4)
+    log(f"  modes n={n} d={d} flex fwd+bwd {res['flex']:.4f} ms")
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/blocksparse")
     ap.add_argument("--tag", default="bwd_variants")
     ap.add_argument("--rep", type=int, default=25)
     ap.add_argument("--cases", nargs="+", default=["16384:128", "16384:64"])
+    ap.add_argument("--modes", action="store_true", help="compare the library's backward launch modes instead")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     p = torch.cuda.get_device_properties(0)
@@ -305,6 +347,15 @@ def main():
 
     log(json.dumps(meta))
     cases = []
+    if args.modes:
+        for c in args.cases:
+            n, d = map(int, c.split(":"))
+            cases.append(dict(seqlen=n, headdim=d, modes=run_modes(n, d, args.rep, log)))
+            with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
+                json.dump(dict(meta=meta, cases=cases), f, indent=1)
+        with open(os.path.join(args.out, args.tag + ".log"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return
     for c in args.cases:
         n, d = map(int, c.split(":"))
         cases.append(run_case(n, d, args.rep, log))
