@@ -285,6 +285,28 @@ def run_case(n, d, rep, log):
     return res
 
 
+_BWD_SETS = [(64, 64, 64, 64, 4, 3), (64, 64, 64, 64, 4, 2), (64, 128, 128, 128, 8, 2), (64, 128, 128, 64, 8, 3),
+             (32, 128, 64, 64, 4, 3)]
+MODE_CONFIGS = {
+    # first run (bwd_modes.log): every backward launch mode x tile set, forward tiles as in TILES then
+    "modes": {d: [(f, b, m) for b in _BWD_SETS for m in ("split", "streams", "fused")]
+              for d, f in ((64, (64, 64, 4, 3)), (128, (128, 128, 8, 3)))},
+    # second run (bwd_modes2.log): head dim 128, forward tiles and a few more backward tiles
+    "d128": {128: [((128, 128, 8, 3), (64, 128, 128, 128, 8, 2), "fused"),
+                   ((128, 64, 8, 3), (64, 128, 128, 128, 8, 2), "fused"),
+                   ((128, 64, 4, 3), (64, 128, 128, 128, 8, 2), "fused"),
+                   ((64, 128, 4, 3), (64, 128, 128, 128, 8, 2), "fused"),
+                   ((128, 128, 8, 3), (64, 128, 128, 128, 8, 1), "fused"),
+                   ((128, 128, 8, 3), (64, 128, 128, 64, 8, 2), "fused"),
+                   ((128, 128, 8, 3), (64, 128, 64, 128, 8, 2), "fused"),
+                   ((128, 128, 8, 3), (128, 128, 128, 128, 8, 1), "fused"),
+                   ((128, 128, 8, 3), (64, 128, 128, 128, 8, 2), "streams"),
+                   ((128, 128, 8, 3), (64, 64, 64, 64, 4, 2), "streams"),
+                   ((128, 128, 8, 3), (64, 64, 64, 64, 4, 2), "split")]},
+}
+args_configs = "modes"
+
+
 def run_modes(n, d, rep, log):
     """fwd+bwd through the library for each backward launch mode and tile set, FlexAttention beside."""
     import kernels.blocksparse as Bs
@@ -296,21 +318,22 @@ def run_modes(n, d, rep, log):
     q, k, v, do = (torch.randn(B, n, H, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     res = {}
-    tiles0 = Bs.TILES[d]["bwd"]
-    for tiles in [(64, 64, 64, 64, 4, 3), (64, 64, 64, 64, 4, 2), (64, 128, 128, 128, 8, 2),
-                  (64, 128, 128, 64, 8, 3), (32, 128, 64, 64, 4, 3)]:
-        for mode in ("split", "streams", "fused"):
-            Bs.TILES[d]["bwd"], Bs.BWD_MODE = tiles, mode
-            try:
-                Bs.blocksparse_attn_func(q, k, v, lay).backward(do)
-                ms = triton.testing.do_bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do), warmup=10,
-                                             rep=rep, grad_to_none=[q, k, v], return_mode="median")
-            except Exception as e:
-                log(f"  modes n={n} d={d} {mode} {tiles}: failed {type(e).__name__}")
-                continue
-            res[f"{mode} {tiles}"] = round(ms, 4)
-            log(f"  modes n={n} d={d} {mode:7s} {tiles}: fwd+bwd {ms:.4f} ms")
-    Bs.TILES[d]["bwd"], Bs.BWD_MODE = tiles0, "split"
+    saved = dict(Bs.TILES[d]), Bs.BWD_MODE
+    for fwd_tiles, bwd_tiles, mode in MODE_CONFIGS[args_configs][d]:
+        Bs.TILES[d]["fwd"], Bs.TILES[d]["bwd"], Bs.BWD_MODE = fwd_tiles, bwd_tiles, mode
+        try:
+            Bs.blocksparse_attn_func(q, k, v, lay).backward(do)
+            fwd = triton.testing.do_bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay), warmup=10, rep=rep,
+                                          return_mode="median")
+            ms = triton.testing.do_bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do), warmup=10,
+                                         rep=rep, grad_to_none=[q, k, v], return_mode="median")
+        except Exception as e:
+            log(f"  modes n={n} d={d} {mode} {fwd_tiles} {bwd_tiles}: failed {type(e).__name__}")
+            continue
+        res[f"{mode} {fwd_tiles} {bwd_tiles}"] = dict(fwd=round(fwd, 4), fwdbwd=round(ms, 4))
+        log(f"  modes n={n} d={d} {mode:7s} fwd {fwd_tiles} bwd {bwd_tiles}: fwd {fwd:.4f} fwd+bwd {ms:.4f} ms")
+    Bs.TILES[d].update(saved[0])
+    Bs.BWD_MODE = saved[1]
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     buf = lay.blocks[0].clone()
@@ -322,7 +345,9 @@ def run_modes(n, d, rep, log):
     fx(qf, kf, vf, block_mask=bm).backward(dof)
     res["flex"] = round(triton.testing.do_bench(lambda: fx(qf, kf, vf, block_mask=bm).backward(dof), warmup=10,
                                                 rep=rep, grad_to_none=[qf, kf, vf], return_mode="median"), 4)
-    log(f"  modes n={n} d={d} flex fwd+bwd {res['flex']:.4f} ms")
+    res["flex_fwd"] = round(triton.testing.do_bench(lambda: fx(qf, kf, vf, block_mask=bm), warmup=10, rep=rep,
+                                                    return_mode="median"), 4)
+    log(f"  modes n={n} d={d} flex fwd {res['flex_fwd']:.4f} fwd+bwd {res['flex']:.4f} ms")
     return res
 
 
@@ -333,6 +358,7 @@ def main():
     ap.add_argument("--rep", type=int, default=25)
     ap.add_argument("--cases", nargs="+", default=["16384:128", "16384:64"])
     ap.add_argument("--modes", action="store_true", help="compare the library's backward launch modes instead")
+    ap.add_argument("--configs", default="modes", choices=sorted(MODE_CONFIGS), help="with --modes: which set")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     p = torch.cuda.get_device_properties(0)
@@ -347,6 +373,8 @@ def main():
 
     log(json.dumps(meta))
     cases = []
+    global args_configs
+    args_configs = args.configs
     if args.modes:
         for c in args.cases:
             n, d = map(int, c.split(":"))
