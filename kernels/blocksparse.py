@@ -34,9 +34,10 @@ unbalanced layout gives unbalanced programs (no persistent scheduling); the layo
 every batch element; pass a BlockSparseLayout (not a bare tensor) to reuse its compressed tables.
 
 Measured on an H100 (results/blocksparse/h100.md, bf16, non-causal, block_size 128): butterfly at 16K
-tokens (density 1/16) runs forward+backward 12.4x (hd 64) / 12.2x (hd 128) faster than our dense
-kernel; 64K tokens fits in about 1 GB of extra memory. Against FlexAttention with the same block mask:
-1.10-1.19x faster at hd 64, 0.85-0.97x at hd 128 (the backward is the slower part there).
+tokens (density 1/16) runs forward+backward 13.0x faster than our dense kernel at head dim 64 and 128;
+64K tokens fits in about 1 GB of extra memory. Against FlexAttention with the same block mask:
+1.12-1.21x faster at hd 64, 0.94-0.97x at hd 128 (the backward is the slower part there; what was
+tried is in results/blocksparse/README.md).
 """
 from __future__ import annotations
 
