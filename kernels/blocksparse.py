@@ -34,10 +34,9 @@ unbalanced layout gives unbalanced programs (no persistent scheduling); the layo
 every batch element; pass a BlockSparseLayout (not a bare tensor) to reuse its compressed tables.
 
 Measured on an H100 (results/blocksparse/h100.md, bf16, non-causal, block_size 128): butterfly at 16K
-tokens (density 1/16) runs forward+backward 13.0x faster than our dense kernel at head dim 64 and 128;
-64K tokens fits in about 1 GB of extra memory. Against FlexAttention with the same block mask:
-1.12-1.21x faster at hd 64, 0.94-0.97x at hd 128 (the backward is the slower part there; what was
-tried is in results/blocksparse/README.md).
+tokens (density 1/16) runs forward+backward 13.7x (hd 64) / 13.4x (hd 128) faster than our dense
+kernel; 64K tokens fits in about 1 GB of extra memory. Against FlexAttention with the same block mask:
+1.17-1.31x faster at hd 64, 0.95-1.08x at hd 128 (results/blocksparse/README.md).
 """
 from __future__ import annotations
 
@@ -139,13 +138,27 @@ def compress_layout(layout: BlockSparseLayout, seqlen_q: int, seqlen_k: int, cau
 # Top-level kernels: walk the compressed layout, call the shared steps of kernels/flash.py
 # ------------------------------------------------------------------------------------------------
 @triton.jit
+def _next_tile(idx_ptr, t, nxt, n_total, PREFETCH: tl.constexpr):
+    """(index of listed tile t, prefetched index of tile t + 1). With PREFETCH the index used now was
+    loaded one iteration earlier, so the tile loads' addresses depend only on a loop-carried value
+    (the software pipeliner can issue them ahead) instead of on a load in the same iteration."""
+    if PREFETCH:
+        cur = nxt
+        nxt = tl.load(idx_ptr + t + 1, mask=t + 1 < n_total, other=0)
+    else:
+        cur = tl.load(idx_ptr + t)
+    return cur, nxt
+
+
+@triton.jit
 def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                    stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k, qk_scale, drop_thresh,
                    drop_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                   PREFETCH: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // nheads
@@ -167,18 +180,21 @@ def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX,
     n_full = tl.load(ROW_FULL + lay)
     n_part = tl.load(ROW_PART + lay)
     idx_ptr = ROW_IDX + lay.to(tl.int64) * idx_width
+    nxt = tl.load(idx_ptr, mask=n_full + n_part > 0, other=0)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Full tiles first: in range and wholly below the diagonal, so no per-element mask.
     for t in range(0, n_full):
-        start_n = tl.load(idx_ptr + t) * BLOCK_N
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+        start_n = cur * BLOCK_N
         acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
                                        offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
                                        HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
     for t in range(n_full, n_full + n_part):
-        start_n = tl.load(idx_ptr + t) * BLOCK_N
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+        start_n = cur * BLOCK_N
         acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
                                        offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
                                        HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
@@ -197,7 +213,8 @@ def _bs_dkdv_program(pid_n, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FU
                      stride_lb, stride_lh, stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k,
                      sm_scale, qk_scale, drop_thresh, drop_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                     PREFETCH: tl.constexpr):
     """dK and dV of key tile `pid_n` of (batch b, key/value head hk): walk the transposed layout."""
     b64 = b.to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -221,15 +238,18 @@ def _bs_dkdv_program(pid_n, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FU
         n_full = tl.load(COL_FULL + lay)
         n_part = tl.load(COL_PART + lay)
         idx_ptr = COL_IDX + lay.to(tl.int64) * idx_width
+        nxt = tl.load(idx_ptr, mask=n_full + n_part > 0, other=0)
         # Full query tiles lie wholly inside the sequence: no row masks on their loads.
         for t in range(0, n_full):
-            start_m = tl.load(idx_ptr + t) * BLOCK_M
+            cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+            start_m = cur * BLOCK_M
             dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
                                          stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
                                          seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT,
                                          False)
         for t in range(n_full, n_full + n_part):
-            start_m = tl.load(idx_ptr + t) * BLOCK_M
+            cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+            start_m = cur * BLOCK_M
             dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
                                          stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
                                          seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, CAUSAL,
@@ -251,7 +271,8 @@ def _bs_dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW
                    stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k, sm_scale, qk_scale,
                    drop_thresh, drop_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                   PREFETCH: tl.constexpr):
     """dQ of query tile `pid_m` of (batch b, query head h): walk the forward layout."""
     bh = b * nheads + h
     b64 = b.to(tl.int64)
@@ -270,14 +291,17 @@ def _bs_dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW
     n_full = tl.load(ROW_FULL + lay)
     n_part = tl.load(ROW_PART + lay)
     idx_ptr = ROW_IDX + lay.to(tl.int64) * idx_width
+    nxt = tl.load(idx_ptr, mask=n_full + n_part > 0, other=0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for t in range(0, n_full):
-        start_n = tl.load(idx_ptr + t) * BLOCK_N
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+        start_n = cur * BLOCK_N
         dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
                                offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
                                HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
     for t in range(n_full, n_full + n_part):
-        start_n = tl.load(idx_ptr + t) * BLOCK_N
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+        start_n = cur * BLOCK_N
         dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
                                offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
                                HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
@@ -298,7 +322,7 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
                    seqlen_q, seqlen_k, sm_scale, qk_scale, drop_thresh, drop_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr,
-                   HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr):
+                   HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr, PREFETCH: tl.constexpr):
     """Backward programs; axis 1 is batch * key/value heads. ROLE 1: program pid computes dK/dV of key
     tile pid (tiles BLOCK_M1 x BLOCK_N1). ROLE 2: program pid computes dQ of query tile pid % n_q_tiles
     of the group's query head pid // n_q_tiles (tiles BLOCK_M2 x BLOCK_N2). ROLE 0: both in one launch,
@@ -324,7 +348,7 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
                          stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                          stride_lb, stride_lh, col_lay_h, col_width, nheads, group, seqlen_q, seqlen_k,
                          sm_scale, qk_scale, drop_thresh, drop_scale,
-                         HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, HAS_DROPOUT)
+                         HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, HAS_DROPOUT, PREFETCH)
     else:
         h = hk * group + j // n_q_tiles
         _bs_dq_program(j % n_q_tiles, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW_PART, ROW_IDX,
@@ -332,7 +356,8 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
                        stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
                        stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
                        row_lay_h, row_width, nheads, group, seqlen_q, seqlen_k, sm_scale, qk_scale,
-                       drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, HAS_DROPOUT)
+                       drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, HAS_DROPOUT,
+                       PREFETCH)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -345,8 +370,8 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
 # them. Chosen from H100 measurements at 16K, butterfly, bf16: results/blocksparse/sweep.md (forward),
 # bwd_variants.log (backward kernels alone) and bwd_modes.log (launch modes x tiles, end to end).
 TILES = {
-    64: {"fwd": (64, 64, 4, 3), "bwd": (64, 64, 64, 64, 4, 2), "bwd_mode": "split"},
-    128: {"fwd": (128, 128, 8, 3), "bwd": (64, 128, 128, 128, 8, 2), "bwd_mode": "fused"},
+    64: {"fwd": (64, 64, 4, 3), "bwd": (64, 64, 64, 64, 4, 3), "bwd_mode": "split"},
+    128: {"fwd": (128, 128, 8, 3), "bwd": (64, 128, 128, 64, 8, 3), "bwd_mode": "fused"},
 }
 _INTERP_TILE = 16
 # How the backward's two kinds of program are launched: "split" (two launches, one after the other),
@@ -354,6 +379,8 @@ _INTERP_TILE = 16
 # kernel's shared memory then serves both, which costs occupancy with some tiles). None: the per-head-dim
 # choice in TILES. FLASH_BS_BWD=split|streams|fused overrides it (for A/B timing).
 BWD_MODE = os.environ.get("FLASH_BS_BWD") or None
+# Load each listed tile's index one loop iteration ahead (see _next_tile); FLASH_BS_PREFETCH=0 for A/B.
+PREFETCH_INDEX = os.environ.get("FLASH_BS_PREFETCH", "1") == "1"
 _SIDE_STREAMS: dict = {}
 
 
@@ -420,7 +447,7 @@ def _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p):
         _lay_stride(tab.row_full), tab.row_idx.shape[-1], nheads, nheads // k.shape[2], seqlen_q, seqlen_k,
         sm_scale * LOG2E, thresh, drop_scale,
         HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
-        num_warps=warps, num_stages=stages,
+        PREFETCH=PREFETCH_INDEX, num_warps=warps, num_stages=stages,
     )
     return o, lse, seed
 
@@ -448,7 +475,8 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p)
             n_kv_tiles, n_q_tiles, nheads, group, seqlen_q, seqlen_k, sm_scale, sm_scale * LOG2E, thresh,
             drop_scale)
     consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2, BLOCK_N2=bn2,
-                  CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, num_warps=warps, num_stages=stages)
+                  CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, PREFETCH=PREFETCH_INDEX, num_warps=warps,
+                  num_stages=stages)
     bhk = batch * nheads_k
     mode = BWD_MODE or _tiles("bwd_mode", layout.block_size, d)
     if mode == "streams" and not q.is_cuda:

@@ -304,6 +304,16 @@ MODE_CONFIGS = {
                    ((128, 128, 8, 3), (64, 64, 64, 64, 4, 2), "streams"),
                    ((128, 128, 8, 3), (64, 64, 64, 64, 4, 2), "split")]},
 }
+# third run (bwd_prefetch.log): tile indices loaded one iteration ahead (kernels/blocksparse._next_tile)
+MODE_CONFIGS["prefetch"] = {
+    d: [(f, b, m, pf) for f, b, m in sets for pf in (False, True)]
+    for d, sets in ((64, [((64, 64, 4, 3), (64, 64, 64, 64, 4, 2), "split"),
+                          ((64, 64, 4, 3), (64, 64, 64, 64, 4, 3), "split"),
+                          ((64, 64, 4, 3), (64, 64, 64, 64, 4, 2), "streams")]),
+                    (128, [((128, 128, 8, 3), (64, 128, 128, 128, 8, 2), "fused"),
+                           ((128, 128, 8, 3), (64, 128, 128, 64, 8, 3), "fused"),
+                           ((128, 128, 8, 3), (64, 64, 64, 64, 4, 3), "streams"),
+                           ((128, 128, 8, 3), (64, 64, 64, 64, 4, 2), "streams")]))}
 args_configs = "modes"
 
 
@@ -319,8 +329,11 @@ def run_modes(n, d, rep, log):
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     res = {}
     saved = dict(Bs.TILES[d]), Bs.BWD_MODE
-    for fwd_tiles, bwd_tiles, mode in MODE_CONFIGS[args_configs][d]:
+    saved_pf = Bs.PREFETCH_INDEX
+    for fwd_tiles, bwd_tiles, mode, *pf in MODE_CONFIGS[args_configs][d]:
         Bs.TILES[d]["fwd"], Bs.TILES[d]["bwd"], Bs.BWD_MODE = fwd_tiles, bwd_tiles, mode
+        Bs.PREFETCH_INDEX = pf[0] if pf else False
+        mode = mode + ("" if not pf else (" prefetch" if pf[0] else " no-prefetch"))
         try:
             Bs.blocksparse_attn_func(q, k, v, lay).backward(do)
             fwd = triton.testing.do_bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay), warmup=10, rep=rep,
@@ -333,7 +346,7 @@ def run_modes(n, d, rep, log):
         res[f"{mode} {fwd_tiles} {bwd_tiles}"] = dict(fwd=round(fwd, 4), fwdbwd=round(ms, 4))
         log(f"  modes n={n} d={d} {mode:7s} fwd {fwd_tiles} bwd {bwd_tiles}: fwd {fwd:.4f} fwd+bwd {ms:.4f} ms")
     Bs.TILES[d].update(saved[0])
-    Bs.BWD_MODE = saved[1]
+    Bs.BWD_MODE, Bs.PREFETCH_INDEX = saved[1], saved_pf
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     buf = lay.blocks[0].clone()
