@@ -168,6 +168,21 @@ def test_backward_launch_modes_agree(device, monkeypatch, dropout_p):
         assert all(torch.equal(x, y) for x, y in zip(results[0][1], other[1]))
 
 
+def test_index_prefetch_is_the_same_computation(device, monkeypatch):
+    # Loading tile indices one iteration ahead changes only when addresses are known, not the result.
+    import kernels.blocksparse as B
+
+    q, k, v = rand_inputs(2, 70, 90, 2, 2, 16, torch.float32, device, seed=13)
+    lay = S.random(70, 90, 16, 0.4, nheads=2, seed=6)
+    do = torch.randn_like(q)
+    results = []
+    for prefetch in (True, False):
+        monkeypatch.setattr(B, "PREFETCH_INDEX", prefetch)
+        results.append(run(lambda x, y, z: blocksparse_attn_func(x, y, z, lay, causal=True), q, k, v, do))
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(x, y) for x, y in zip(results[0][1], results[1][1]))
+
+
 def test_bad_layouts_raise(device):
     q, k, v = rand_inputs(1, 100, 60, 4, 4, 16, torch.float32, device)
     with pytest.raises(ValueError, match=r"\(4 or 1, 4, 2\)"):
