@@ -151,6 +151,19 @@ def _next_tile(idx_ptr, t, nxt, n_total, PREFETCH: tl.constexpr):
 
 
 @triton.jit
+def _layout_row(FULL, PART, IDX, h, pid, stride_lay_h, idx_width):
+    """This program's row of a compressed table: (n_full, n_total, pointer to its tile indices, the
+    first index, loaded ahead for _next_tile). Counts are (Hl, rows) contiguous; stride_lay_h is 0
+    when one layout serves every head."""
+    lay = h * stride_lay_h + pid
+    n_full = tl.load(FULL + lay)
+    n_total = n_full + tl.load(PART + lay)
+    idx_ptr = IDX + lay.to(tl.int64) * idx_width
+    first = tl.load(idx_ptr, mask=n_total > 0, other=0)
+    return n_full, n_total, idx_ptr, first
+
+
+@triton.jit
 def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
@@ -176,24 +189,20 @@ def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX,
         seed = tl.load(SEED)
     diag = seqlen_k - seqlen_q
 
-    lay = h * stride_lay_h + pid_m  # per-tile counts are (Hl, Mt) contiguous
-    n_full = tl.load(ROW_FULL + lay)
-    n_part = tl.load(ROW_PART + lay)
-    idx_ptr = ROW_IDX + lay.to(tl.int64) * idx_width
-    nxt = tl.load(idx_ptr, mask=n_full + n_part > 0, other=0)
+    n_full, n_total, idx_ptr, nxt = _layout_row(ROW_FULL, ROW_PART, ROW_IDX, h, pid_m, stride_lay_h, idx_width)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Full tiles first: in range and wholly below the diagonal, so no per-element mask.
     for t in range(0, n_full):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
         start_n = cur * BLOCK_N
         acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
                                        offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
                                        HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
-    for t in range(n_full, n_full + n_part):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+    for t in range(n_full, n_total):
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
         start_n = cur * BLOCK_N
         acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
                                        offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
@@ -234,21 +243,18 @@ def _bs_dkdv_program(pid_n, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FU
         do_base = DO + b64 * stride_dob + h * stride_doh
         lse_base = LSE + b64 * stride_lb + h * stride_lh
         delta_base = DELTA + b64 * stride_lb + h * stride_lh
-        lay = h * stride_lay_h + pid_n
-        n_full = tl.load(COL_FULL + lay)
-        n_part = tl.load(COL_PART + lay)
-        idx_ptr = COL_IDX + lay.to(tl.int64) * idx_width
-        nxt = tl.load(idx_ptr, mask=n_full + n_part > 0, other=0)
+        n_full, n_total, idx_ptr, nxt = _layout_row(COL_FULL, COL_PART, COL_IDX, h, pid_n, stride_lay_h,
+                                                    idx_width)
         # Full query tiles lie wholly inside the sequence: no row masks on their loads.
         for t in range(0, n_full):
-            cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
             start_m = cur * BLOCK_M
             dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
                                          stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
                                          seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT,
                                          False)
-        for t in range(n_full, n_full + n_part):
-            cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+        for t in range(n_full, n_total):
+            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
             start_m = cur * BLOCK_M
             dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
                                          stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
@@ -287,20 +293,16 @@ def _bs_dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW
     k_base = K + b64 * stride_kb + (h // group) * stride_kh
     v_base = V + b64 * stride_vb + (h // group) * stride_vh
     diag = seqlen_k - seqlen_q
-    lay = h * stride_lay_h + pid_m
-    n_full = tl.load(ROW_FULL + lay)
-    n_part = tl.load(ROW_PART + lay)
-    idx_ptr = ROW_IDX + lay.to(tl.int64) * idx_width
-    nxt = tl.load(idx_ptr, mask=n_full + n_part > 0, other=0)
+    n_full, n_total, idx_ptr, nxt = _layout_row(ROW_FULL, ROW_PART, ROW_IDX, h, pid_m, stride_lay_h, idx_width)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for t in range(0, n_full):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
         start_n = cur * BLOCK_N
         dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
                                offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
                                HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
-    for t in range(n_full, n_full + n_part):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_full + n_part, PREFETCH)
+    for t in range(n_full, n_total):
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
         start_n = cur * BLOCK_N
         dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
                                offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
@@ -391,9 +393,7 @@ def _side_stream(device):
     return _SIDE_STREAMS[key]
 
 
-def _tiles(kind: str, block_size: int, head_dim: int):
-    if kind == "bwd_mode":
-        return TILES[64 if head_dim <= 64 else 128][kind]
+def _tiles(kind: str, block_size: int, head_dim: int) -> tuple[int, ...]:
     if _interpreting():
         t = math.gcd(block_size, _INTERP_TILE)
         return (t, t, 4, 1) if kind == "fwd" else (t, t, t, t, 4, 1)
@@ -478,7 +478,7 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p)
                   CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, PREFETCH=PREFETCH_INDEX, num_warps=warps,
                   num_stages=stages)
     bhk = batch * nheads_k
-    mode = BWD_MODE or _tiles("bwd_mode", layout.block_size, d)
+    mode = BWD_MODE or TILES[64 if d <= 64 else 128]["bwd_mode"]
     if mode == "streams" and not q.is_cuda:
         mode = "split"
     if mode == "fused":

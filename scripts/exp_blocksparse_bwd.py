@@ -314,10 +314,9 @@ MODE_CONFIGS["prefetch"] = {
                            ((128, 128, 8, 3), (64, 128, 128, 64, 8, 3), "fused"),
                            ((128, 128, 8, 3), (64, 64, 64, 64, 4, 3), "streams"),
                            ((128, 128, 8, 3), (64, 64, 64, 64, 4, 2), "streams")]))}
-args_configs = "modes"
 
 
-def run_modes(n, d, rep, log):
+def run_modes(n, d, rep, log, configs="modes"):
     """fwd+bwd through the library for each backward launch mode and tile set, FlexAttention beside."""
     import kernels.blocksparse as Bs
     from kernels.sparsity import butterfly
@@ -330,7 +329,7 @@ def run_modes(n, d, rep, log):
     res = {}
     saved = dict(Bs.TILES[d]), Bs.BWD_MODE
     saved_pf = Bs.PREFETCH_INDEX
-    for fwd_tiles, bwd_tiles, mode, *pf in MODE_CONFIGS[args_configs][d]:
+    for fwd_tiles, bwd_tiles, mode, *pf in MODE_CONFIGS[configs][d]:
         Bs.TILES[d]["fwd"], Bs.TILES[d]["bwd"], Bs.BWD_MODE = fwd_tiles, bwd_tiles, mode
         Bs.PREFETCH_INDEX = pf[0] if pf else False
         mode = mode + ("" if not pf else (" prefetch" if pf[0] else " no-prefetch"))
@@ -386,12 +385,10 @@ def main():
 
     log(json.dumps(meta))
     cases = []
-    global args_configs
-    args_configs = args.configs
     if args.modes:
         for c in args.cases:
             n, d = map(int, c.split(":"))
-            cases.append(dict(seqlen=n, headdim=d, modes=run_modes(n, d, args.rep, log)))
+            cases.append(dict(seqlen=n, headdim=d, modes=run_modes(n, d, args.rep, log, args.configs)))
             with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
                 json.dump(dict(meta=meta, cases=cases), f, indent=1)
         with open(os.path.join(args.out, args.tag + ".log"), "w") as f:
