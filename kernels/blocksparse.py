@@ -314,7 +314,7 @@ def _bs_dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW
 
 
 @triton.jit
-def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
+def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED, ORDER,
                    COL_FULL, COL_PART, COL_IDX, ROW_FULL, ROW_PART, ROW_IDX,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
@@ -324,13 +324,21 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
                    seqlen_q, seqlen_k, sm_scale, qk_scale, drop_thresh, drop_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr,
-                   HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr, PREFETCH: tl.constexpr):
+                   HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr, PREFETCH: tl.constexpr,
+                   ORDERED: tl.constexpr):
     """Backward programs; axis 1 is batch * key/value heads. ROLE 1: program pid computes dK/dV of key
     tile pid (tiles BLOCK_M1 x BLOCK_N1). ROLE 2: program pid computes dQ of query tile pid % n_q_tiles
     of the group's query head pid // n_q_tiles (tiles BLOCK_M2 x BLOCK_N2). ROLE 0: both in one launch,
-    the first n_kv_tiles programs as ROLE 1, the rest as ROLE 2."""
+    the first n_kv_tiles programs as ROLE 1, the rest as ROLE 2. ORDERED: the launch's i-th program
+    (row-major over the grid) does the work of grid cell ORDER[i] instead, so that the GPU, which
+    starts programs roughly in that order, starts the longest ones first (see _longest_first)."""
     pid = tl.program_id(0)
     bhk = tl.program_id(1)
+    if ORDERED:
+        n_pid = tl.num_programs(0)
+        cell = tl.load(ORDER + bhk * n_pid + pid)
+        pid = cell % n_pid
+        bhk = cell // n_pid
     nheads_k = nheads // group
     b = bhk // nheads_k
     hk = bhk % nheads_k
@@ -383,6 +391,8 @@ _INTERP_TILE = 16
 BWD_MODE = os.environ.get("FLASH_BS_BWD") or None
 # Load each listed tile's index one loop iteration ahead (see _next_tile); FLASH_BS_PREFETCH=0 for A/B.
 PREFETCH_INDEX = os.environ.get("FLASH_BS_PREFETCH", "1") == "1"
+# Start the backward's programs longest first (see _longest_first); FLASH_BS_ORDER=1 turns it on.
+ORDER_PROGRAMS = os.environ.get("FLASH_BS_ORDER", "0") == "1"
 _SIDE_STREAMS: dict = {}
 
 
@@ -481,21 +491,61 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p)
     mode = BWD_MODE or TILES[64 if d <= 64 else 128]["bwd_mode"]
     if mode == "streams" and not q.is_cuda:
         mode = "split"
+
+    def launch(role, n_programs):
+        order = _longest_first(layout, cols, rows, role, n_kv_tiles, n_q_tiles, batch, nheads_k, group,
+                               (bm1, bn1, bm2, bn2)) if ORDER_PROGRAMS else lse  # any pointer when unused
+        _bs_bwd_kernel[(n_programs, bhk)](*args[:10], order, *args[10:], ROLE=role, ORDERED=ORDER_PROGRAMS,
+                                          **consts)
+
     if mode == "fused":
-        _bs_bwd_kernel[(n_kv_tiles + group * n_q_tiles, bhk)](*args, ROLE=0, **consts)
+        launch(0, n_kv_tiles + group * n_q_tiles)
     elif mode == "streams":
         # dQ on a side stream, concurrent with dK/dV: neither kernel leaves its own tail wave.
         main = torch.cuda.current_stream(q.device)
         side = _side_stream(q.device)
         side.wait_stream(main)
-        _bs_bwd_kernel[(n_kv_tiles, bhk)](*args, ROLE=1, **consts)
+        launch(1, n_kv_tiles)
         with torch.cuda.stream(side):
-            _bs_bwd_kernel[(group * n_q_tiles, bhk)](*args, ROLE=2, **consts)
+            launch(2, group * n_q_tiles)
         main.wait_stream(side)
     else:
-        _bs_bwd_kernel[(n_kv_tiles, bhk)](*args, ROLE=1, **consts)
-        _bs_bwd_kernel[(group * n_q_tiles, bhk)](*args, ROLE=2, **consts)
+        launch(1, n_kv_tiles)
+        launch(2, group * n_q_tiles)
     return dq, dk, dv
+
+
+def _longest_first(layout, cols, rows, role, n_kv_tiles, n_q_tiles, batch, nheads_k, group, tiles):
+    """int32 permutation of a backward launch's grid cells (row-major over (programs, batch * kv heads))
+    sorted by estimated work, longest first, cached on the layout. A dK/dV program's work is its listed
+    query tiles (over the group's heads) x 4 matmuls of BLOCK_M1 x BLOCK_N1, a dQ program's its listed
+    key tiles x 3 of BLOCK_M2 x BLOCK_N2, each plus one step for its loads and stores. Launched in grid
+    order, programs of an uneven layout (e.g. random columns) finish in a long tail of the heaviest
+    ones; started first, they overlap the rest (longest-processing-time list scheduling)."""
+    key = ("order", role, batch, nheads_k, group, tiles, id(cols), id(rows))  # both tables live in this cache
+    hit = layout._cache.get(key)
+    if hit is not None:
+        return hit
+    bm1, bn1, bm2, bn2 = tiles
+    nheads = nheads_k * group
+
+    def per_head(full, part):  # (Hl, R) -> (nheads, R)
+        cnt = (full + part).float()
+        return cnt.expand(nheads, -1) if cnt.shape[0] == 1 else cnt
+
+    work = []
+    if role in (0, 1):
+        kv = per_head(cols.col_full, cols.col_part).view(nheads_k, group, -1).sum(1)
+        work.append((kv + 1) * (4 * bm1 * bn1))
+    if role in (0, 2):
+        qw = per_head(rows.row_full, rows.row_part).view(nheads_k, group * n_q_tiles)
+        work.append((qw + 1) * (3 * bm2 * bn2))
+    work = torch.cat(work, 1).repeat(batch, 1)  # (batch * nheads_k, programs)
+    order = torch.argsort(-work.flatten(), stable=True)
+    # cell index = bhk * programs + pid, as the kernel decodes it
+    order = order.to(torch.int32).contiguous()
+    layout._cache[key] = order
+    return order
 
 
 class _BlockSparseAttnFunc(torch.autograd.Function):

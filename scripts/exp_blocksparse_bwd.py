@@ -363,6 +363,63 @@ def run_modes(n, d, rep, log, configs="modes"):
     return res
 
 
+def doubly_balanced(n, density, seed=0, device="cuda"):
+    """(1, nb, nb) bool with exactly k = round(density * nb) blocks in every row and every column: row i
+    keeps columns perm[(i + s) % nb] for s in a random k-subset, rows then shuffled."""
+    from kernels.sparsity import BlockSparseLayout
+
+    nb = -(-n // 128)
+    keep = max(1, round(density * nb))
+    g = torch.Generator().manual_seed(seed)
+    perm, shifts, rows = torch.randperm(nb, generator=g), torch.randperm(nb, generator=g)[:keep], torch.randperm(nb, generator=g)
+    blocks = torch.zeros(nb, nb, dtype=torch.bool)
+    i = torch.arange(nb).unsqueeze(1)
+    blocks[i, perm[(i + shifts.unsqueeze(0)) % nb]] = True
+    return BlockSparseLayout(blocks[rows].unsqueeze(0).to(device), 128, n, n)
+
+
+def run_layouts(n, d, rep, log, specs):
+    """fwd+bwd at one size for several layouts (kind:density:seed, kind random = rows balanced as in
+    bench_blocksparse, doubly = rows and columns balanced), ours with each launch mode with and without
+    the longest-first program order, FlexAttention beside, in one process."""
+    import kernels.blocksparse as Bs
+    from bench_blocksparse import balanced_random, flex_fn
+
+    B, H = max(1, 16384 // n), 2048 // d
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(B, n, H, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    qf, kf, vf, dof = (t.detach().transpose(1, 2).contiguous() for t in (q, k, v, do))
+    qf.requires_grad_(), kf.requires_grad_(), vf.requires_grad_()
+    saved = Bs.BWD_MODE, Bs.ORDER_PROGRAMS
+    res = {}
+    for spec in specs:
+        kind, dens, seed = spec.split(":")
+        make = balanced_random if kind == "random" else doubly_balanced
+        lay = make(n, float(dens), int(seed))
+        colc = lay.blocks[0].sum(0).float()
+        out = dict(col_mean=round(colc.mean().item(), 2), col_max=int(colc.max()), col_min=int(colc.min()))
+        for mode in ("fused", "split"):
+            for ordered in (False, True):
+                Bs.BWD_MODE, Bs.ORDER_PROGRAMS = mode, ordered
+                Bs.blocksparse_attn_func(q, k, v, lay).backward(do)
+                ms = triton.testing.do_bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do),
+                                             warmup=10, rep=rep, grad_to_none=[q, k, v], return_mode="median")
+                out[f"{mode}{' ordered' if ordered else ''}"] = round(ms, 4)
+        Bs.BWD_MODE, Bs.ORDER_PROGRAMS = saved
+        out["ours_fwd"] = round(bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay), rep), 4)
+        fx = flex_fn(lay, B, H, n)
+        fx(qf, kf, vf).backward(dof)
+        out["flex"] = round(triton.testing.do_bench(lambda: fx(qf, kf, vf).backward(dof), warmup=10, rep=rep,
+                                                    grad_to_none=[qf, kf, vf], return_mode="median"), 4)
+        out["flex_fwd"] = round(bench(lambda: fx(qf, kf, vf), rep), 4)
+        out["ours_profile"] = profile_kernels(lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do))
+        out["flex_profile"] = profile_kernels(lambda: fx(qf, kf, vf).backward(dof))
+        res[spec] = out
+        log(f"  layouts n={n} d={d} {spec}: " + json.dumps(out))
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/blocksparse")
@@ -371,6 +428,7 @@ def main():
     ap.add_argument("--cases", nargs="+", default=["16384:128", "16384:64"])
     ap.add_argument("--modes", action="store_true", help="compare the library's backward launch modes instead")
     ap.add_argument("--configs", default="modes", choices=sorted(MODE_CONFIGS), help="with --modes: which set")
+    ap.add_argument("--layouts", nargs="+", help="instead: time these layouts (kind:density:seed, see run_layouts)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     p = torch.cuda.get_device_properties(0)
@@ -385,6 +443,15 @@ def main():
 
     log(json.dumps(meta))
     cases = []
+    if args.layouts:
+        for c in args.cases:
+            n, d = map(int, c.split(":"))
+            cases.append(dict(seqlen=n, headdim=d, layouts=run_layouts(n, d, args.rep, log, args.layouts)))
+        with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
+            json.dump(dict(meta=meta, cases=cases), f, indent=1)
+        with open(os.path.join(args.out, args.tag + ".log"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return
     if args.modes:
         for c in args.cases:
             n, d = map(int, c.split(":"))
