@@ -52,6 +52,7 @@ from kernels.flash import (
     _block_d,
     _interpreting,
     bwd_dkdv_block_step,
+    cdiv,
     bwd_dq_block_step,
     bwd_preprocess,
     check_inputs,
@@ -314,7 +315,7 @@ def _bs_dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW
 
 
 @triton.jit
-def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED, ORDER,
+def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
                    COL_FULL, COL_PART, COL_IDX, ROW_FULL, ROW_PART, ROW_IDX,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
@@ -324,21 +325,13 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED, ORDER,
                    seqlen_q, seqlen_k, sm_scale, qk_scale, drop_thresh, drop_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr,
-                   HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr, PREFETCH: tl.constexpr,
-                   ORDERED: tl.constexpr):
+                   HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr, PREFETCH: tl.constexpr):
     """Backward programs; axis 1 is batch * key/value heads. ROLE 1: program pid computes dK/dV of key
     tile pid (tiles BLOCK_M1 x BLOCK_N1). ROLE 2: program pid computes dQ of query tile pid % n_q_tiles
     of the group's query head pid // n_q_tiles (tiles BLOCK_M2 x BLOCK_N2). ROLE 0: both in one launch,
-    the first n_kv_tiles programs as ROLE 1, the rest as ROLE 2. ORDERED: the launch's i-th program
-    (row-major over the grid) does the work of grid cell ORDER[i] instead, so that the GPU, which
-    starts programs roughly in that order, starts the longest ones first (see _longest_first)."""
+    the first n_kv_tiles programs as ROLE 1, the rest as ROLE 2."""
     pid = tl.program_id(0)
     bhk = tl.program_id(1)
-    if ORDERED:
-        n_pid = tl.num_programs(0)
-        cell = tl.load(ORDER + bhk * n_pid + pid)
-        pid = cell % n_pid
-        bhk = cell // n_pid
     nheads_k = nheads // group
     b = bhk // nheads_k
     hk = bhk % nheads_k
@@ -391,8 +384,6 @@ _INTERP_TILE = 16
 BWD_MODE = os.environ.get("FLASH_BS_BWD") or None
 # Load each listed tile's index one loop iteration ahead (see _next_tile); FLASH_BS_PREFETCH=0 for A/B.
 PREFETCH_INDEX = os.environ.get("FLASH_BS_PREFETCH", "1") == "1"
-# Start the backward's programs longest first (see _longest_first); FLASH_BS_ORDER=1 turns it on.
-ORDER_PROGRAMS = os.environ.get("FLASH_BS_ORDER", "0") == "1"
 _SIDE_STREAMS: dict = {}
 
 
@@ -450,10 +441,9 @@ def _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p):
     lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
     thresh, drop_scale = _drop_consts(dropout_p)
-    _bs_fwd_kernel[(triton.cdiv(seqlen_q, bm), batch * nheads)](
+    _bs_fwd_kernel[(cdiv(seqlen_q, bm), batch * nheads)](
         q, k, v, o, lse, seed, tab.row_full, tab.row_part, tab.row_idx,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2), lse.stride(0), lse.stride(1),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], *lse.stride()[:2],
         _lay_stride(tab.row_full), tab.row_idx.shape[-1], nheads, nheads // k.shape[2], seqlen_q, seqlen_k,
         sm_scale * LOG2E, thresh, drop_scale,
         HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
@@ -474,13 +464,11 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p)
     bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", layout.block_size, d)
     cols = compress_layout(layout, seqlen_q, seqlen_k, causal, bm1, bn1, q.device)
     rows = compress_layout(layout, seqlen_q, seqlen_k, causal, bm2, bn2, q.device)
-    n_kv_tiles, n_q_tiles = triton.cdiv(seqlen_k, bn1), triton.cdiv(seqlen_q, bm2)
+    n_kv_tiles, n_q_tiles = cdiv(seqlen_k, bn1), cdiv(seqlen_q, bm2)
     args = (q, k, v, do, dq, dk, dv, lse, delta, seed,
             cols.col_full, cols.col_part, cols.col_idx, rows.row_full, rows.row_part, rows.row_idx,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-            dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2),
-            dv.stride(0), dv.stride(1), dv.stride(2), lse.stride(0), lse.stride(1),
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  # (batch, seq, head)
+            *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *lse.stride()[:2],
             _lay_stride(cols.col_full), cols.col_idx.shape[-1], _lay_stride(rows.row_full), rows.row_idx.shape[-1],
             n_kv_tiles, n_q_tiles, nheads, group, seqlen_q, seqlen_k, sm_scale, sm_scale * LOG2E, thresh,
             drop_scale)
@@ -493,10 +481,7 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p)
         mode = "split"
 
     def launch(role, n_programs):
-        order = _longest_first(layout, cols, rows, role, n_kv_tiles, n_q_tiles, batch, nheads_k, group,
-                               (bm1, bn1, bm2, bn2)) if ORDER_PROGRAMS else lse  # any pointer when unused
-        _bs_bwd_kernel[(n_programs, bhk)](*args[:10], order, *args[10:], ROLE=role, ORDERED=ORDER_PROGRAMS,
-                                          **consts)
+        _bs_bwd_kernel[(n_programs, bhk)](*args, ROLE=role, **consts)
 
     if mode == "fused":
         launch(0, n_kv_tiles + group * n_q_tiles)
@@ -513,39 +498,6 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p)
         launch(1, n_kv_tiles)
         launch(2, group * n_q_tiles)
     return dq, dk, dv
-
-
-def _longest_first(layout, cols, rows, role, n_kv_tiles, n_q_tiles, batch, nheads_k, group, tiles):
-    """int32 permutation of a backward launch's grid cells (row-major over (programs, batch * kv heads))
-    sorted by estimated work, longest first, cached on the layout. A dK/dV program's work is its listed
-    query tiles (over the group's heads) x 4 matmuls of BLOCK_M1 x BLOCK_N1, a dQ program's its listed
-    key tiles x 3 of BLOCK_M2 x BLOCK_N2, each plus one step for its loads and stores. Launched in grid
-    order, programs of an uneven layout (e.g. random columns) finish in a long tail of the heaviest
-    ones; started first, they overlap the rest (longest-processing-time list scheduling)."""
-    key = ("order", role, batch, nheads_k, group, tiles, id(cols), id(rows))  # both tables live in this cache
-    hit = layout._cache.get(key)
-    if hit is not None:
-        return hit
-    bm1, bn1, bm2, bn2 = tiles
-    nheads = nheads_k * group
-
-    def per_head(full, part):  # (Hl, R) -> (nheads, R)
-        cnt = (full + part).float()
-        return cnt.expand(nheads, -1) if cnt.shape[0] == 1 else cnt
-
-    work = []
-    if role in (0, 1):
-        kv = per_head(cols.col_full, cols.col_part).view(nheads_k, group, -1).sum(1)
-        work.append((kv + 1) * (4 * bm1 * bn1))
-    if role in (0, 2):
-        qw = per_head(rows.row_full, rows.row_part).view(nheads_k, group * n_q_tiles)
-        work.append((qw + 1) * (3 * bm2 * bn2))
-    work = torch.cat(work, 1).repeat(batch, 1)  # (batch * nheads_k, programs)
-    order = torch.argsort(-work.flatten(), stable=True)
-    # cell index = bhk * programs + pid, as the kernel decodes it
-    order = order.to(torch.int32).contiguous()
-    layout._cache[key] = order
-    return order
 
 
 class _BlockSparseAttnFunc(torch.autograd.Function):

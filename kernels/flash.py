@@ -688,8 +688,14 @@ def _strides(x: torch.Tensor, varlen: bool):
     return x.stride(0), x.stride(1), x.stride(2)
 
 
+# Host-side integer helpers in plain Python: triton.cdiv / triton.next_power_of_2 are constexpr
+# functions whose wrapper costs several microseconds a call, which adds up on the launch path.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _block_d(headdim: int) -> int:
-    return max(16, triton.next_power_of_2(headdim))
+    return max(16, 1 << (headdim - 1).bit_length())
 
 
 def draw_dropout_seed(device) -> torch.Tensor:
@@ -714,7 +720,7 @@ def dropout_keep_mask(seed: torch.Tensor, batch: int, nheads: int, seqlen_q: int
     """
     thresh, _ = _drop_consts(dropout_p)
     out = torch.empty(batch * nheads, seqlen_q, seqlen_k, dtype=torch.int8, device=seed.device)
-    grid = (triton.cdiv(seqlen_q, 32), triton.cdiv(seqlen_k, 32), batch * nheads)
+    grid = (cdiv(seqlen_q, 32), cdiv(seqlen_k, 32), batch * nheads)
     _dropout_mask_kernel[grid](out, seed, seqlen_q, seqlen_k, thresh, BLOCK_M=32, BLOCK_N=32)
     return out.view(batch, nheads, seqlen_q, seqlen_k).bool()
 
@@ -736,7 +742,7 @@ def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_s
         delta = torch.empty(batch, nheads, seqlen, dtype=torch.float32, device=o.device)
         sdb, sdh = delta.stride(0), delta.stride(1)
     block_m = 16 if _interpreting() else 64
-    grid = (triton.cdiv(seqlen, block_m), batch * nheads)
+    grid = (cdiv(seqlen, block_m), batch * nheads)
     _bwd_preprocess_kernel[grid](o, do, delta, cu_seqlens_q if varlen else o, seqlen, nheads,
                                  *_strides(o, varlen), *_strides(do, varlen), sdb, sdh,
                                  HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen)
@@ -764,7 +770,7 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
             slb, slh, _bucket(max_q), _bucket(max_k))
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0, REVERSE=causal and _REVERSE)
-    _launch("fwd", _fwd_kernel, _fwd_tuned, lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts)
+    _launch("fwd", _fwd_kernel, _fwd_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts)
     return o, lse, seed
 
 
@@ -792,10 +798,10 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
                   HAS_DROPOUT=dropout_p > 0)
     tune = (_bucket(max_q), _bucket(max_k))
     dq_consts = dict(consts, REVERSE=causal and _REVERSE)
-    _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (triton.cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
+    _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
             (q, k, v, do, dk, dv, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
              *tune), consts)
-    _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), batch * nheads),
+    _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
             (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune), dq_consts)
     return dq, dk, dv
 

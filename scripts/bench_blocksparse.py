@@ -9,6 +9,7 @@ Shapes: batch x seqlen = 16K tokens (batch 1 from 16K up), nheads x headdim = 20
 Sequence-length sweep: the paper's butterfly pattern (density (1 + log2 n) / n for n blocks).
 Density sweep (at 4K and 16K): random layouts with exactly round(density * n) key blocks per query block.
 
+Each point times its providers in --rounds interleaved rounds (default 3) and keeps the medians.
 Full run (about 8 minutes on an H100):
     python scripts/bench_blocksparse.py --out results/blocksparse --tag h100
 Quick run / tile sweep:
@@ -25,6 +26,7 @@ import datetime
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -105,76 +107,95 @@ def make(name, layout, b, h, n):
     raise ValueError(name)
 
 
-def time_one(name, layout, b, h, n, d, rep, memory=True):
-    import triton.testing
+class Timed:
+    """One provider at one point: its inputs, warmed up (compiled) on creation; `round()` times it once
+    more. Same numbers for every provider: drawn (b, n, h, d), copied to (b, h, n, d) for FlexAttention."""
 
-    fn, order = make(name, layout, b, h, n)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    # Same numbers for every provider: drawn (b, n, h, d), copied to (b, h, n, d) for FlexAttention.
-    fix = (lambda t: t) if order == "bnhd" else (lambda t: t.transpose(1, 2).contiguous())
-    q, k, v, do = (fix(torch.randn(b, n, h, d, generator=g, device="cuda", dtype=torch.bfloat16)) for _ in range(4))
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    row = {}
-    out = fn(q, k, v)  # compile / warm up
-    out.backward(do)
-    torch.cuda.synchronize()
-    row["fwd_ms"] = triton.testing.do_bench(lambda: fn(q, k, v), warmup=10, rep=rep, return_mode="median")
+    def __init__(self, name, layout, b, h, n, d):
+        self.fn, self.order = make(name, layout, b, h, n)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        fix = (lambda t: t) if self.order == "bnhd" else (lambda t: t.transpose(1, 2).contiguous())
+        q, k, v, self.do = (fix(torch.randn(b, n, h, d, generator=g, device="cuda", dtype=torch.bfloat16))
+                            for _ in range(4))
+        self.qkv = [t.requires_grad_() for t in (q, k, v)]
+        self.step()  # compile / warm up
+        torch.cuda.synchronize()
+        self.fwd, self.fwdbwd = [], []
 
-    def step():
-        fn(q, k, v).backward(do)
+    def step(self):
+        self.fn(*self.qkv).backward(self.do)
 
-    row["fwdbwd_ms"] = triton.testing.do_bench(step, warmup=10, rep=rep, grad_to_none=[q, k, v],
-                                               return_mode="median")
-    if memory:
-        q.grad = k.grad = v.grad = None
+    def round(self, rep):
+        import triton.testing
+
+        self.fwd.append(triton.testing.do_bench(lambda: self.fn(*self.qkv), warmup=10, rep=rep,
+                                                return_mode="median"))
+        self.fwdbwd.append(triton.testing.do_bench(self.step, warmup=10, rep=rep, grad_to_none=self.qkv,
+                                                   return_mode="median"))
+
+    def finish(self):
+        """Median over rounds, the spread (max / min of fwd+bwd over rounds), peak extra memory of one
+        step, and the output for the cross-provider check."""
+        row = dict(fwd_ms=statistics.median(self.fwd), fwdbwd_ms=statistics.median(self.fwdbwd),
+                   rounds=len(self.fwdbwd), round_spread=max(self.fwdbwd) / min(self.fwdbwd))
+        for t in self.qkv:
+            t.grad = None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        step()
+        self.step()
         torch.cuda.synchronize()
         row["peak_extra_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-    with torch.no_grad():
-        o = fn(q, k, v)
-        row["out"] = o if order == "bnhd" else o.transpose(1, 2)
-    return row
+        with torch.no_grad():
+            o = self.fn(*self.qkv)
+            row["out"] = o if self.order == "bnhd" else o.transpose(1, 2)
+        return row
 
 
-def run_point(kind, pattern, n, d, layout, providers, rep, rows):
+def run_point(kind, pattern, n, d, layout, providers, rep, rows, rounds=3):
+    """Time every provider at one point in `rounds` interleaved rounds (ours, flash, flex, standard,
+    ours, ...) and keep each one's median: the GPU is shared, and interference that lands on one
+    provider's only measurement would otherwise decide a ratio. Providers slower than 20 ms fwd+bwd get
+    one round (long runs average it out)."""
     b, h = shape(n, d)
-    ref = None
+    base = dict(sweep=kind, pattern=pattern, seqlen=n, headdim=d, batch=b, nheads=h,
+                density=round(layout.density(), 5))
+    timed, t0 = {}, {}
     for name in providers:
         if name == "standard" and not standard_fits(b, h, n):
             continue
         if name == "flash" and kind == "density" and any(r["provider"] == "flash" and r["seqlen"] == n and
                                                          r["headdim"] == d for r in rows):
             continue  # dense time does not depend on the layout
-        t0 = time.time()
+        t0[name] = time.time()
         try:
-            r = time_one(name, layout, b, h, n, d, rep)
-        except torch.OutOfMemoryError:
+            timed[name] = Timed(name, layout, b, h, n, d)
+            timed[name].round(rep)
+        except Exception as e:  # OOM, or a peer failing: must not lose the rest of the run
+            timed.pop(name, None)
             torch.cuda.empty_cache()
-            print(f"  {name} n={n} d={d}: OOM", flush=True)
-            rows.append(dict(sweep=kind, pattern=pattern, seqlen=n, headdim=d, batch=b, nheads=h,
-                             density=round(layout.density(), 5), provider=name, error="OOM"))
-            continue
-        except Exception as e:  # a peer failing must not lose the rest of the run
-            torch.cuda.empty_cache()
-            print(f"  {name} n={n} d={d}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-            rows.append(dict(sweep=kind, pattern=pattern, seqlen=n, headdim=d, batch=b, nheads=h,
-                             density=round(layout.density(), 5), provider=name, error=type(e).__name__))
-            continue
+            err = "OOM" if isinstance(e, torch.OutOfMemoryError) else type(e).__name__
+            print(f"  {name} n={n} d={d}: {err}: {str(e)[:300]}", flush=True)
+            rows.append(dict(base, provider=name, error=err))
+    for _ in range(rounds - 1):
+        for t in timed.values():
+            if t.fwdbwd[0] < 20:
+                t.round(rep)
+    ref = None
+    for name, t in timed.items():
+        r = t.finish()
         out = r.pop("out")
         if name == "ours":
             ref = out.float()
         diff = float((out.float() - ref).abs().max()) if ref is not None and name in ("flex", "standard") else None
         del out
-        rows.append(dict(sweep=kind, pattern=pattern, seqlen=n, headdim=d, batch=b, nheads=h,
-                         density=round(layout.density(), 5), provider=name, max_diff_vs_ours=diff,
-                         wall_s=round(time.time() - t0, 1), **{k: round(v, 4) for k, v in r.items()}))
+        rows.append(dict(base, provider=name, max_diff_vs_ours=diff, wall_s=round(time.time() - t0[name], 1),
+                         **{k: round(v, 4) for k, v in r.items()}))
         print(f"  {kind:8s} {pattern:10s} n={n:6d} d={d:3d} dens={layout.density():.4f} {name:8s} "
-              f"fwd {r['fwd_ms']:9.3f} ms  fwd+bwd {r['fwdbwd_ms']:9.3f} ms  "
-              f"mem {r.get('peak_extra_mb', 0):8.0f} MB  diff {diff}", flush=True)
-        torch.cuda.empty_cache()
+              f"fwd {r['fwd_ms']:9.3f} ms  fwd+bwd {r['fwdbwd_ms']:9.3f} ms (x{r['round_spread']:.2f} over "
+              f"{r['rounds']})  mem {r['peak_extra_mb']:8.0f} MB  diff {diff}", flush=True)
+    del timed
+    torch.cuda.empty_cache()
 
 
 def tile_sweep(rep, apply=False):
@@ -238,7 +259,8 @@ def markdown(rows, meta, sweep):
              f"- date {meta['date']}, torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}",
              f"- command: `{meta['command']}`",
              f"- bf16, batch x seqlen = {TOKENS} tokens, nheads x headdim = {WIDTH}, block_size {BLOCK}, "
-             "non-causal; times are medians (triton.testing.do_bench) in ms",
+             "non-causal; times in ms: each a triton.testing.do_bench median; with rounds, the median over "
+             "rounds that interleave the providers (spread: max / min fwd+bwd over the rounds)",
              f"- tiles per head-dim class (fwd: BLOCK_M, BLOCK_N, warps, stages; bwd: BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, warps, stages; bwd_mode, see kernels/blocksparse.py): {meta.get('tiles')}",
              "- speedup = our dense flash time / block-sparse time (same run); target at 16K, density <= 1/8: "
              ">= 0.7 / density for fwd+bwd", ""]
@@ -248,12 +270,12 @@ def markdown(rows, meta, sweep):
             continue
         lines += [f"## Against {'sequence length (butterfly)' if kind == 'seqlen' else 'density (random, balanced rows)'}",
                   "", "| seqlen | hdim | density | provider | fwd ms | fwd+bwd ms | peak extra MB | "
-                  "fwd+bwd speedup vs flash | target | ours vs flex (fwd+bwd) |",
-                  "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+                  "fwd+bwd speedup vs flash | target | ours vs flex (fwd+bwd) | rounds | spread |",
+                  "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sel:
             if "error" in r:
                 lines.append(f"| {r['seqlen']} | {r['headdim']} | {r['density']:.4f} | {r['provider']} | "
-                             f"{r['error']} | {r['error']} | | | | |")
+                             f"{r['error']} | {r['error']} | | | | | | |")
                 continue
             dense = next((x for x in rows if x["provider"] == "flash" and x["seqlen"] == r["seqlen"]
                           and x["headdim"] == r["headdim"] and "error" not in x), None)
@@ -264,7 +286,7 @@ def markdown(rows, meta, sweep):
             vf = f"{flex['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}x" if flex and r["provider"] == "ours" else ""
             lines.append(f"| {r['seqlen']} | {r['headdim']} | {r['density']:.4f} | {r['provider']} | "
                          f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | {r.get('peak_extra_mb', 0):.0f} | {sp} | "
-                         f"{tgt} | {vf} |")
+                         f"{tgt} | {vf} | {r.get('rounds', 1)} | {r.get('round_spread', 1):.2f} |")
         lines.append("")
     if sweep:
         lines += ["## Tile sweep (16K butterfly; fwd ms for fwd configs, fwd+bwd ms for the others)", "",
@@ -342,6 +364,7 @@ def main():
     ap.add_argument("--density-seqlens", type=int, nargs="*", default=[4096, 16384])
     ap.add_argument("--providers", nargs="*", default=PROVIDERS)
     ap.add_argument("--rep", type=int, default=30, help="do_bench repetition time in ms")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per point (median kept)")
     ap.add_argument("--sweep", action="store_true", help="also time tile candidates for each kernel")
     ap.add_argument("--apply", action="store_true", help="with --sweep: use the fastest tiles for the run")
     ap.add_argument("--out", default="results/blocksparse")
@@ -373,7 +396,8 @@ def main():
     points += [("density", dens, n, d) for d in args.hdims for n in args.density_seqlens for dens in args.densities]
     for kind, what, n, d in points:
         lay = butterfly(n, n, BLOCK, device="cuda") if kind == "seqlen" else balanced_random(n, what)
-        run_point(kind, "butterfly" if kind == "seqlen" else "random", n, d, lay, args.providers, args.rep, rows)
+        run_point(kind, "butterfly" if kind == "seqlen" else "random", n, d, lay, args.providers, args.rep, rows,
+                  args.rounds)
         meta["total_s"] = round(time.time() - t0, 1)
         save(base, rows, meta, sweep)  # after every point, so a cut-off run keeps what it measured
     md = save(base, rows, meta, sweep)

@@ -378,10 +378,14 @@ def doubly_balanced(n, density, seed=0, device="cuda"):
     return BlockSparseLayout(blocks[rows].unsqueeze(0).to(device), 128, n, n)
 
 
-def run_layouts(n, d, rep, log, specs):
+def run_layouts(n, d, rep, log, specs, rounds=1):
     """fwd+bwd at one size for several layouts (kind:density:seed, kind random = rows balanced as in
-    bench_blocksparse, doubly = rows and columns balanced), ours with each launch mode with and without
-    the longest-first program order, FlexAttention beside, in one process."""
+    bench_blocksparse, doubly = rows and columns balanced), ours with the fused and split backward (and,
+    at head dim 128, head dim 64's smaller tiles), FlexAttention beside, in one process; with rounds > 1
+    every variant is timed once per round, interleaved, and the median kept. (Run bwd_layouts also timed
+    a longest-first program order, FLASH_BS_ORDER=1 at commit 86af0a4: 2-7% slower, since removed.)"""
+    import statistics
+
     import kernels.blocksparse as Bs
     from bench_blocksparse import balanced_random, flex_fn
 
@@ -391,7 +395,10 @@ def run_layouts(n, d, rep, log, specs):
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     qf, kf, vf, dof = (t.detach().transpose(1, 2).contiguous() for t in (q, k, v, do))
     qf.requires_grad_(), kf.requires_grad_(), vf.requires_grad_()
-    saved = Bs.BWD_MODE, Bs.ORDER_PROGRAMS
+    saved_mode, saved_bwd = Bs.BWD_MODE, Bs.TILES[d]["bwd"]
+    variants = [("fused", saved_bwd), ("split", saved_bwd)]
+    if d == 128:
+        variants += [("split", (64, 64, 64, 64, 4, 3)), ("fused", (64, 64, 64, 64, 4, 3))]
     res = {}
     for spec in specs:
         kind, dens, seed = spec.split(":")
@@ -399,19 +406,24 @@ def run_layouts(n, d, rep, log, specs):
         lay = make(n, float(dens), int(seed))
         colc = lay.blocks[0].sum(0).float()
         out = dict(col_mean=round(colc.mean().item(), 2), col_max=int(colc.max()), col_min=int(colc.min()))
-        for mode in ("fused", "split"):
-            for ordered in (False, True):
-                Bs.BWD_MODE, Bs.ORDER_PROGRAMS = mode, ordered
+        fx = flex_fn(lay, B, H, n)
+        times = {}
+        for _ in range(rounds):
+            for mode, tiles in variants:
+                Bs.BWD_MODE, Bs.TILES[d]["bwd"] = mode, tiles
                 Bs.blocksparse_attn_func(q, k, v, lay).backward(do)
                 ms = triton.testing.do_bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do),
                                              warmup=10, rep=rep, grad_to_none=[q, k, v], return_mode="median")
-                out[f"{mode}{' ordered' if ordered else ''}"] = round(ms, 4)
-        Bs.BWD_MODE, Bs.ORDER_PROGRAMS = saved
+                times.setdefault(mode if tiles == saved_bwd else f"{mode} {tiles}", []).append(ms)
+            Bs.BWD_MODE, Bs.TILES[d]["bwd"] = saved_mode, saved_bwd
+            fx(qf, kf, vf).backward(dof)
+            times.setdefault("flex", []).append(triton.testing.do_bench(
+                lambda: fx(qf, kf, vf).backward(dof), warmup=10, rep=rep, grad_to_none=[qf, kf, vf],
+                return_mode="median"))
+        out.update({key: round(statistics.median(ts), 4) for key, ts in times.items()})
+        if rounds > 1:
+            out["spread"] = {key: round(max(ts) / min(ts), 3) for key, ts in times.items()}
         out["ours_fwd"] = round(bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay), rep), 4)
-        fx = flex_fn(lay, B, H, n)
-        fx(qf, kf, vf).backward(dof)
-        out["flex"] = round(triton.testing.do_bench(lambda: fx(qf, kf, vf).backward(dof), warmup=10, rep=rep,
-                                                    grad_to_none=[qf, kf, vf], return_mode="median"), 4)
         out["flex_fwd"] = round(bench(lambda: fx(qf, kf, vf), rep), 4)
         out["ours_profile"] = profile_kernels(lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do))
         out["flex_profile"] = profile_kernels(lambda: fx(qf, kf, vf).backward(dof))
@@ -429,6 +441,7 @@ def main():
     ap.add_argument("--modes", action="store_true", help="compare the library's backward launch modes instead")
     ap.add_argument("--configs", default="modes", choices=sorted(MODE_CONFIGS), help="with --modes: which set")
     ap.add_argument("--layouts", nargs="+", help="instead: time these layouts (kind:density:seed, see run_layouts)")
+    ap.add_argument("--rounds", type=int, default=1, help="with --layouts: interleaved timing rounds")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     p = torch.cuda.get_device_properties(0)
@@ -446,7 +459,7 @@ def main():
     if args.layouts:
         for c in args.cases:
             n, d = map(int, c.split(":"))
-            cases.append(dict(seqlen=n, headdim=d, layouts=run_layouts(n, d, args.rep, log, args.layouts)))
+            cases.append(dict(seqlen=n, headdim=d, layouts=run_layouts(n, d, args.rep, log, args.layouts, args.rounds)))
         with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
             json.dump(dict(meta=meta, cases=cases), f, indent=1)
         with open(os.path.join(args.out, args.tag + ".log"), "w") as f:

@@ -183,46 +183,6 @@ def test_index_prefetch_is_the_same_computation(device, monkeypatch):
     assert all(torch.equal(x, y) for x, y in zip(results[0][1], results[1][1]))
 
 
-@pytest.mark.parametrize("mode", ["fused", "split"])
-def test_longest_first_order_is_the_same_computation(device, monkeypatch, mode):
-    # Starting programs in another order changes when each runs, not what it computes (GQA, batch 2,
-    # per-head causal layout, dropout with a fixed seed).
-    import kernels.blocksparse as B
-
-    q, k, v = rand_inputs(2, 77, 77, 4, 2, 16, torch.float16, device, seed=14)
-    lay = S.random(77, 77, 16, 0.4, nheads=4, seed=7)
-    do = torch.randn_like(q)
-    monkeypatch.setattr(B, "BWD_MODE", mode)
-    results = []
-    for ordered in (False, True):
-        monkeypatch.setattr(B, "ORDER_PROGRAMS", ordered)
-        torch.manual_seed(3)
-        if device == "cuda":
-            torch.cuda.manual_seed(3)
-        results.append(run(lambda x, y, z: blocksparse_attn_func(x, y, z, lay, causal=True, dropout_p=0.1),
-                           q, k, v, do))
-    assert torch.equal(results[0][0], results[1][0])
-    assert all(torch.equal(x, y) for x, y in zip(results[0][1], results[1][1]))
-
-
-def test_longest_first_order_is_a_sorted_permutation():
-    import kernels.blocksparse as B
-    from kernels.blocksparse import compress_layout
-
-    lay = S.random(256, 256, 32, 0.3, nheads=4, seed=8)
-    cols = compress_layout(lay, 256, 256, False, 32, 32, "cpu")
-    rows = compress_layout(lay, 256, 256, False, 32, 32, "cpu")
-    n = 8  # tiles per side
-    order = B._longest_first(lay, cols, rows, 0, n, n, 3, 2, 2, (32, 32, 32, 32))
-    assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(3 * 2 * (n + 2 * n)))
-    counts_kv = (cols.col_full + cols.col_part).view(2, 2, n).sum(1)  # kv head: its 2 query heads
-    counts_q = (rows.row_full + rows.row_part).view(2, 2 * n)
-    work = torch.cat([(counts_kv + 1) * 4, (counts_q + 1) * 3], 1).repeat(3, 1).flatten()
-    w = work[order.long()]
-    assert bool((w[:-1] >= w[1:]).all()) and w[0] == work.max()
-    assert B._longest_first(lay, cols, rows, 0, n, n, 3, 2, 2, (32, 32, 32, 32)) is order  # cached
-
-
 def test_bad_layouts_raise(device):
     q, k, v = rand_inputs(1, 100, 60, 4, 4, 16, torch.float32, device)
     with pytest.raises(ValueError, match=r"\(4 or 1, 4, 2\)"):
