@@ -378,6 +378,28 @@ def doubly_balanced(n, density, seed=0, device="cuda"):
     return BlockSparseLayout(blocks[rows].unsqueeze(0).to(device), 128, n, n)
 
 
+def graphed_ms(step, params, rep):
+    """fwd+bwd time of `step` replayed from a CUDA graph: the device's time alone, without the host's
+    launch path (Python, autograd, guards) that dominates when the kernels take well under a millisecond."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            for t in params:
+                t.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in params:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    ms = triton.testing.do_bench(graph.replay, warmup=10, rep=rep, return_mode="median")
+    for t in params:
+        t.grad = None
+    return ms
+
+
 def run_layouts(n, d, rep, log, specs, rounds=1):
     """fwd+bwd at one size for several layouts (kind:density:seed, kind random = rows balanced as in
     bench_blocksparse, doubly = rows and columns balanced), ours with the fused and split backward (and,
@@ -425,6 +447,12 @@ def run_layouts(n, d, rep, log, specs, rounds=1):
             out["spread"] = {key: round(max(ts) / min(ts), 3) for key, ts in times.items()}
         out["ours_fwd"] = round(bench(lambda: Bs.blocksparse_attn_func(q, k, v, lay), rep), 4)
         out["flex_fwd"] = round(bench(lambda: fx(qf, kf, vf), rep), 4)
+        for name, step, params in (("ours", lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do), (q, k, v)),
+                                   ("flex", lambda: fx(qf, kf, vf).backward(dof), (qf, kf, vf))):
+            try:
+                out[f"{name}_graphed"] = [round(graphed_ms(step, params, rep), 4) for _ in range(rounds)]
+            except Exception as e:  # capture not supported by a provider
+                out[f"{name}_graphed"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
         out["ours_profile"] = profile_kernels(lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do))
         out["flex_profile"] = profile_kernels(lambda: fx(qf, kf, vf).backward(dof))
         res[spec] = out
