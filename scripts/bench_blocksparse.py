@@ -109,9 +109,14 @@ def make(name, layout, b, h, n):
 
 class Timed:
     """One provider at one point: its inputs, warmed up (compiled) on creation; `round()` times it once
-    more. Same numbers for every provider: drawn (b, n, h, d), copied to (b, h, n, d) for FlexAttention."""
+    more. Same numbers for every provider: drawn (b, n, h, d), copied to (b, h, n, d) for FlexAttention.
 
-    def __init__(self, name, layout, b, h, n, d):
+    With `graphed`, fwd+bwd is also captured once in a CUDA graph and each round times its replay: the
+    device's time alone. The plain times include the host's launch path (Python, autograd, compile
+    guards), which at a fraction of a millisecond of kernel time decides much of the total and varies
+    with the machine's CPU load."""
+
+    def __init__(self, name, layout, b, h, n, d, graphed=False):
         self.fn, self.order = make(name, layout, b, h, n)
         g = torch.Generator(device="cuda").manual_seed(0)
         fix = (lambda t: t) if self.order == "bnhd" else (lambda t: t.transpose(1, 2).contiguous())
@@ -120,7 +125,31 @@ class Timed:
         self.qkv = [t.requires_grad_() for t in (q, k, v)]
         self.step()  # compile / warm up
         torch.cuda.synchronize()
-        self.fwd, self.fwdbwd = [], []
+        self.fwd, self.fwdbwd, self.graphed, self.graph = [], [], [], None
+        if graphed:
+            try:
+                self.graph = self.capture()
+            except Exception as e:  # a provider that cannot be captured keeps its plain times
+                print(f"  {name}: CUDA graph capture failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+    def capture(self):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
+            for _ in range(2):
+                self.zero_grads()
+                self.step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.zero_grads()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.step()
+        self.zero_grads()
+        return graph
+
+    def zero_grads(self):
+        for t in self.qkv:
+            t.grad = None
 
     def step(self):
         self.fn(*self.qkv).backward(self.do)
@@ -132,14 +161,18 @@ class Timed:
                                                 return_mode="median"))
         self.fwdbwd.append(triton.testing.do_bench(self.step, warmup=10, rep=rep, grad_to_none=self.qkv,
                                                    return_mode="median"))
+        if self.graph is not None:
+            self.graphed.append(triton.testing.do_bench(self.graph.replay, warmup=10, rep=rep, return_mode="median"))
 
     def finish(self):
         """Median over rounds, the spread (max / min of fwd+bwd over rounds), peak extra memory of one
         step, and the output for the cross-provider check."""
         row = dict(fwd_ms=statistics.median(self.fwd), fwdbwd_ms=statistics.median(self.fwdbwd),
                    rounds=len(self.fwdbwd), round_spread=max(self.fwdbwd) / min(self.fwdbwd))
-        for t in self.qkv:
-            t.grad = None
+        if self.graphed:
+            row["graphed_ms"] = statistics.median(self.graphed)
+        self.graph = None
+        self.zero_grads()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -169,7 +202,7 @@ def run_point(kind, pattern, n, d, layout, providers, rep, rows, rounds=3):
             continue  # dense time does not depend on the layout
         t0[name] = time.time()
         try:
-            timed[name] = Timed(name, layout, b, h, n, d)
+            timed[name] = Timed(name, layout, b, h, n, d, graphed=name in ("ours", "flex"))
             timed[name].round(rep)
         except Exception as e:  # OOM, or a peer failing: must not lose the rest of the run
             timed.pop(name, None)
@@ -193,7 +226,8 @@ def run_point(kind, pattern, n, d, layout, providers, rep, rows, rounds=3):
                          **{k: round(v, 4) for k, v in r.items()}))
         print(f"  {kind:8s} {pattern:10s} n={n:6d} d={d:3d} dens={layout.density():.4f} {name:8s} "
               f"fwd {r['fwd_ms']:9.3f} ms  fwd+bwd {r['fwdbwd_ms']:9.3f} ms (x{r['round_spread']:.2f} over "
-              f"{r['rounds']})  mem {r['peak_extra_mb']:8.0f} MB  diff {diff}", flush=True)
+              f"{r['rounds']}, graphed {r.get('graphed_ms', float('nan')):8.3f})  mem {r['peak_extra_mb']:8.0f} MB  "
+              f"diff {diff}", flush=True)
     del timed
     torch.cuda.empty_cache()
 
@@ -260,7 +294,8 @@ def markdown(rows, meta, sweep):
              f"- command: `{meta['command']}`",
              f"- bf16, batch x seqlen = {TOKENS} tokens, nheads x headdim = {WIDTH}, block_size {BLOCK}, "
              "non-causal; times in ms: each a triton.testing.do_bench median; with rounds, the median over "
-             "rounds that interleave the providers (spread: max / min fwd+bwd over the rounds)",
+             "rounds that interleave the providers (spread: max / min fwd+bwd over the rounds); graphed: "
+             "fwd+bwd replayed from a CUDA graph, the device time without the host's launch path",
              f"- tiles per head-dim class (fwd: BLOCK_M, BLOCK_N, warps, stages; bwd: BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, warps, stages; bwd_mode, see kernels/blocksparse.py): {meta.get('tiles')}",
              "- speedup = our dense flash time / block-sparse time (same run); target at 16K, density <= 1/8: "
              ">= 0.7 / density for fwd+bwd", ""]
@@ -270,12 +305,13 @@ def markdown(rows, meta, sweep):
             continue
         lines += [f"## Against {'sequence length (butterfly)' if kind == 'seqlen' else 'density (random, balanced rows)'}",
                   "", "| seqlen | hdim | density | provider | fwd ms | fwd+bwd ms | peak extra MB | "
-                  "fwd+bwd speedup vs flash | target | ours vs flex (fwd+bwd) | rounds | spread |",
-                  "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "fwd+bwd speedup vs flash | target | ours vs flex (fwd+bwd) | fwd+bwd graphed ms | "
+                  "ours vs flex (graphed) | rounds | spread |",
+                  "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sel:
             if "error" in r:
                 lines.append(f"| {r['seqlen']} | {r['headdim']} | {r['density']:.4f} | {r['provider']} | "
-                             f"{r['error']} | {r['error']} | | | | | | |")
+                             f"{r['error']} | {r['error']} | | | | | | | | |")
                 continue
             dense = next((x for x in rows if x["provider"] == "flash" and x["seqlen"] == r["seqlen"]
                           and x["headdim"] == r["headdim"] and "error" not in x), None)
@@ -284,9 +320,12 @@ def markdown(rows, meta, sweep):
             sp = f"{dense['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}x" if dense and r["provider"] == "ours" else ""
             tgt = f"{0.7 / r['density']:.1f}x" if r["provider"] == "ours" and r["density"] <= 0.125 else ""
             vf = f"{flex['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}x" if flex and r["provider"] == "ours" else ""
+            gr = f"{r['graphed_ms']:.3f}" if "graphed_ms" in r else ""
+            vg = (f"{flex['graphed_ms'] / r['graphed_ms']:.2f}x" if flex and r["provider"] == "ours"
+                  and "graphed_ms" in r and "graphed_ms" in flex else "")
             lines.append(f"| {r['seqlen']} | {r['headdim']} | {r['density']:.4f} | {r['provider']} | "
                          f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | {r.get('peak_extra_mb', 0):.0f} | {sp} | "
-                         f"{tgt} | {vf} | {r.get('rounds', 1)} | {r.get('round_spread', 1):.2f} |")
+                         f"{tgt} | {vf} | {gr} | {vg} | {r.get('rounds', 1)} | {r.get('round_spread', 1):.2f} |")
         lines.append("")
     if sweep:
         lines += ["## Tile sweep (16K butterfly; fwd ms for fwd configs, fwd+bwd ms for the others)", "",
@@ -316,6 +355,9 @@ def targets(rows):
         if flex:
             vf = flex["fwdbwd_ms"] / r["fwdbwd_ms"]
             msg += f"  vs flex {vf:5.2f}x ({'PASS' if vf >= 1 else 'MISS'})"
+            if "graphed_ms" in r and "graphed_ms" in flex:
+                vg = flex["graphed_ms"] / r["graphed_ms"]
+                msg += f"  graphed {vg:5.2f}x ({'PASS' if vg >= 1 else 'MISS'})"
         lines.append(msg)
     return "\n".join(lines)
 
