@@ -34,9 +34,10 @@ unbalanced layout gives unbalanced programs (no persistent scheduling); the layo
 every batch element; pass a BlockSparseLayout (not a bare tensor) to reuse its compressed tables.
 
 Measured on an H100 (results/blocksparse/h100.md, bf16, non-causal, block_size 128): butterfly at 16K
-tokens (density 1/16) runs forward+backward 13.7x (hd 64) / 13.4x (hd 128) faster than our dense
+tokens (density 1/16) runs forward+backward 13.6x (hd 64) / 13.7x (hd 128) faster than our dense
 kernel; 64K tokens fits in about 1 GB of extra memory. Against FlexAttention with the same block mask:
-1.17-1.31x faster at hd 64, 0.95-1.08x at hd 128 (results/blocksparse/README.md).
+1.06-1.31x faster at hd 64, 1.01-1.35x at hd 128 (device time alone, from CUDA graph replays: 1.14-1.28x
+and 0.99-1.09x); results/blocksparse/README.md.
 """
 from __future__ import annotations
 
