@@ -35,6 +35,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 TOKENS, WIDTH, BLOCK = 16384, 2048, 128
+CAUSAL = False  # --causal: every provider also applies the token-level causal mask
 PROVIDERS = ["ours", "flash", "flex", "standard"]
 
 
@@ -73,7 +74,8 @@ def flex_fn(layout, b, h, n):
         buf = torch.zeros(layout.blocks.shape[1:], dtype=torch.bool, device="cuda")
 
         def mask_mod(bi, hi, qi, ki):
-            return buf[qi // BLOCK, ki // BLOCK]
+            allowed = buf[qi // BLOCK, ki // BLOCK]
+            return (allowed & (ki <= qi)) if CAUSAL else allowed
 
         _FLEX[n] = (buf, mask_mod)
     buf, mask_mod = _FLEX[n]
@@ -92,17 +94,19 @@ def make(name, layout, b, h, n):
     if name == "ours":
         from kernels.blocksparse import blocksparse_attn_func
 
-        return (lambda q, k, v: blocksparse_attn_func(q, k, v, layout)), "bnhd"
+        return (lambda q, k, v: blocksparse_attn_func(q, k, v, layout, causal=CAUSAL)), "bnhd"
     if name == "flash":
         from kernels.flash import flash_attn_func
 
-        return (lambda q, k, v: flash_attn_func(q, k, v)), "bnhd"
+        return (lambda q, k, v: flash_attn_func(q, k, v, causal=CAUSAL)), "bnhd"
     if name == "flex":
         return flex_fn(layout, b, h, n), "bhnd"
     if name == "standard":
         from kernels.standard import standard_attention
 
         mask = layout.to_dense().unsqueeze(0)
+        if CAUSAL:
+            mask = mask & torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
         return (lambda q, k, v: standard_attention(q, k, v, mask=mask)), "bnhd"
     raise ValueError(name)
 
@@ -293,7 +297,7 @@ def markdown(rows, meta, sweep):
              f"- date {meta['date']}, torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}",
              f"- command: `{meta['command']}`",
              f"- bf16, batch x seqlen = {TOKENS} tokens, nheads x headdim = {WIDTH}, block_size {BLOCK}, "
-             "non-causal; times in ms: each a triton.testing.do_bench median; with rounds, the median over "
+             f"{'causal' if meta.get('causal') else 'non-causal'}; times in ms: each a triton.testing.do_bench median; with rounds, the median over "
              "rounds that interleave the providers (spread: max / min fwd+bwd over the rounds); graphed: "
              "fwd+bwd replayed from a CUDA graph, the device time without the host's launch path",
              f"- tiles per head-dim class (fwd: BLOCK_M, BLOCK_N, warps, stages; bwd: BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, warps, stages; bwd_mode, see kernels/blocksparse.py): {meta.get('tiles')}",
@@ -407,6 +411,7 @@ def main():
     ap.add_argument("--providers", nargs="*", default=PROVIDERS)
     ap.add_argument("--rep", type=int, default=30, help="do_bench repetition time in ms")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per point (median kept)")
+    ap.add_argument("--causal", action="store_true", help="causal attention on top of every layout")
     ap.add_argument("--sweep", action="store_true", help="also time tile candidates for each kernel")
     ap.add_argument("--apply", action="store_true", help="with --sweep: use the fastest tiles for the run")
     ap.add_argument("--out", default="results/blocksparse")
@@ -424,7 +429,10 @@ def main():
     from kernels.sparsity import butterfly
 
     os.makedirs(args.out, exist_ok=True)
+    global CAUSAL
+    CAUSAL = args.causal
     meta = meta_info(args)
+    meta["causal"] = CAUSAL
     print(meta, flush=True)
     t0 = time.time()
     sweep = tile_sweep(args.rep, apply=args.apply) if args.sweep else []
