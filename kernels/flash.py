@@ -557,7 +557,7 @@ def _configs(shapes):
 _FWD_SHAPES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4), (64, 64, 4, 3),
                (64, 32, 4, 4)]
 _DKDV_SHAPES = [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (32, 64, 4, 4), (64, 64, 4, 3),
-                (16, 64, 4, 4)]
+                (16, 64, 4, 4), (32, 128, 8, 2), (64, 64, 8, 2)]  # the last two: no / least spills at hd 128
 _DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 32, 4, 4),
               (64, 16, 4, 4)]
 # Causal: heaviest query blocks first (FLASH_REVERSE=0 turns it off, for A/B timing).
@@ -586,8 +586,11 @@ _dq_tuned = triton.autotune(_configs(_DQ_SHAPES), key=_TUNE_KEY, prune_configs_b
     _bwd_dq_kernel)
 
 
-# Fixed configs for FLASH_AUTOTUNE=0 (e.g. GPU tests, which would otherwise tune every shape they touch).
+# Fixed configs for FLASH_AUTOTUNE=0 (e.g. GPU tests, which would otherwise tune every shape they touch),
+# per head-dim class. Head dims 65-128 take 8 warps: with 4, every kernel spills registers at head dim
+# 128 (dK/dV 0.9-1.3 KB of stack per thread, sm_90; scripts/kernel_resources.py, kernels/NOTES_flash.md).
 _DEFAULT = {"fwd": (128, 64, 4, 3), "dkdv": (32, 128, 4, 3), "dq": (128, 32, 4, 3)}
+_DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3)}
 _DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}  # head dim 256
 
 
@@ -596,7 +599,8 @@ def _launch(kind, raw, tuned, grid_of, args, consts):
     if _interpreting():
         raw[grid_of(_INTERP_BLOCK)](*args, **consts, **_INTERP_BLOCK)
     elif os.environ.get("FLASH_AUTOTUNE", "1") == "0":
-        m, n, w, s = (_DEFAULT_WIDE if consts["BLOCK_D"] > 128 else _DEFAULT)[kind]
+        d = consts["BLOCK_D"]
+        m, n, w, s = (_DEFAULT_WIDE if d > 128 else _DEFAULT_128 if d > 64 else _DEFAULT)[kind]
         blocks = {"BLOCK_M": m, "BLOCK_N": n}
         raw[grid_of(blocks)](*args, **consts, **blocks, num_warps=w, num_stages=s)
     else:

@@ -1,0 +1,86 @@
+"""Registers and spill stack of the dense flash kernels per launch config, for sm_90, without a GPU.
+
+Compiles each kernel with triton.compile for GPUTarget("cuda", 90, 32), pointers, strides and lengths
+marked 16-divisible as the GPU launcher specializes them, and reads the cubin's resource usage with the
+cuobjdump shipped in Triton's wheel. STACK > 0 means local-memory spills: the config pays extra memory
+traffic in its inner loop. Advisory only: the autotuner times configs on the GPU and is the judge.
+
+    python scripts/kernel_resources.py --head-dim 128 --causal
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import kernels.flash as F  # noqa: E402
+
+_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "SEED": "*i64", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
+_TENSORS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
+_FLOATS = {"qk_scale", "sm_scale", "drop_scale"}
+_DIVISIBLE = ("stride_", "seqlen_", "TUNE_")
+
+
+def resources(jitfn, consts: dict, warps: int, stages: int) -> dict:
+    names = jitfn.arg_names
+    sig = {}
+    for a in names:
+        if a in consts:
+            sig[a] = "constexpr"
+        elif a in _TYPES:
+            sig[a] = _TYPES[a]
+        else:
+            sig[a] = "*bf16" if a in _TENSORS else ("fp32" if a in _FLOATS else "i32")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
+             if sig[a].startswith("*") or a.startswith(_DIVISIBLE)}
+    src = ASTSource(fn=jitfn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return dict(regs=int(m.group(1)), stack=int(m.group(2)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--dropout", action="store_true")
+    ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq"])
+    args = ap.parse_args()
+    kernels = {"fwd": (F._fwd_kernel, F._FWD_SHAPES), "dkdv": (F._bwd_dkdv_kernel, F._DKDV_SHAPES),
+               "dq": (F._bwd_dq_kernel, F._DQ_SHAPES)}
+    d = args.head_dim
+    fallback = (F._DEFAULT_WIDE if d > 128 else F._DEFAULT_128 if d > 64 else F._DEFAULT)
+    print(f"sm_90, head dim {d}, causal={args.causal}, dropout={args.dropout}, triton {triton.__version__}")
+    print("| kernel | (BLOCK_M, BLOCK_N, warps, stages) | registers | spill stack (bytes) | note |")
+    print("|---|---|---:|---:|---|")
+    for kind in args.kernels:
+        jitfn, shapes = kernels[kind]
+        for cfg in dict.fromkeys([*shapes, fallback[kind]]):
+            m, n, w, s = cfg
+            consts = dict(HEAD_DIM=d, BLOCK_D=F._block_d(d), BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=args.causal,
+                          VARLEN=False, HAS_DROPOUT=args.dropout)
+            if "REVERSE" in jitfn.arg_names:
+                consts["REVERSE"] = False
+            r = resources(jitfn, consts, w, s)
+            note = "FLASH_AUTOTUNE=0 fallback" if cfg == fallback[kind] else ""
+            print(f"| {kind} | {cfg} | {r['regs']} | {r['stack']} | {note} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
