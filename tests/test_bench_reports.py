@@ -1,0 +1,55 @@
+"""The block-sparse benchmark's report code (markdown table, target check, plot) on synthetic rows: the
+GPU part of the benchmark cannot run here, but the arithmetic that turns timings into the committed
+tables and PASS/MISS lines can."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+import bench_blocksparse as bench  # noqa: E402
+
+META = dict(gpu="test GPU", date="2026-01-01", torch="t", triton="t", cuda="c", command="python x", tiles={})
+
+
+def _row(provider, fwdbwd, seqlen=16384, density=0.0625, sweep="seqlen", **extra):
+    return dict(sweep=sweep, pattern="butterfly", seqlen=seqlen, headdim=64, batch=1, nheads=32, density=density,
+                provider=provider, fwd_ms=fwdbwd / 3, fwdbwd_ms=fwdbwd, peak_extra_mb=10.0, rounds=3,
+                round_spread=1.1, **extra)
+
+
+def rows():
+    return [_row("ours", 1.0, graphed_ms=0.9), _row("flash", 12.0), _row("flex", 1.5, graphed_ms=0.8),
+            dict(_row("standard", 0.0), error="OOM")]
+
+
+def test_markdown_ratios_and_columns():
+    md = bench.markdown(rows(), META, [])
+    ours = next(line for line in md.splitlines() if "| ours |" in line)
+    cells = [c.strip() for c in ours.strip("|").split("|")]
+    # speedup vs dense 12/1, target 0.7/density, vs flex 1.5/1, graphed ms, graphed ratio 0.8/0.9
+    assert cells[7:12] == ["12.00x", "11.2x", "1.50x", "0.900", "0.89x"]
+    assert "| standard | OOM |" in md
+    assert "non-causal" in md
+    causal_md = bench.markdown(rows(), dict(META, causal=True), [])
+    assert "block_size 128, causal;" in causal_md and "non-causal" not in causal_md
+
+
+def test_targets_pass_and_miss():
+    lines = bench.targets(rows()).splitlines()
+    ours = next(line for line in lines if "n= 16384" in line)
+    assert "vs flash  12.00x" in ours and "11.2x: PASS" in ours
+    assert "vs flex  1.50x (PASS)" in ours and "graphed  0.89x (MISS)" in ours
+    slow = [_row("ours", 2.0), _row("flash", 12.0), _row("flex", 1.5)]
+    line = bench.targets(slow).splitlines()[1]
+    assert "6.00x" in line and "11.2x: MISS" in line and "0.75x (MISS)" in line
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    data = rows() + [_row(p, t, seqlen=4096, density=d, sweep="density") for p, t, d in
+                     (("ours", 1.0, 0.25), ("ours", 0.6, 0.125), ("flex", 1.2, 0.25), ("flash", 4.0, 1.0))]
+    path = tmp_path / "x.png"
+    bench.plot(data, str(path))
+    assert path.stat().st_size > 10_000
