@@ -53,7 +53,6 @@ from kernels.flash import (
     _block_d,
     _interpreting,
     bwd_dkdv_block_step,
-    cdiv,
     bwd_dq_block_step,
     bwd_preprocess,
     check_inputs,
@@ -63,7 +62,7 @@ from kernels.flash import (
     load_row_stats,
     load_tile,
 )
-from kernels.sparsity import BlockSparseLayout, check_layout_tensor
+from kernels.sparsity import BlockSparseLayout, cdiv, check_layout_tensor
 from kernels.standard import standard_attention
 
 __all__ = ["blocksparse_attn_func", "compress_layout", "blocksparse_reference", "CompressedLayout"]
@@ -102,7 +101,7 @@ def tile_categories(blocks: torch.Tensor, block_size: int, seqlen_q: int, seqlen
     """(Hl, Mt, Nt) int8: 0 = tile computed without element mask, 1 = computed with mask, 2 = skipped."""
     if block_size % block_m or block_size % block_n:
         raise ValueError(f"kernel tiles ({block_m}, {block_n}) must divide block_size {block_size}")
-    n_mt, n_nt = -(-seqlen_q // block_m), -(-seqlen_k // block_n)
+    n_mt, n_nt = cdiv(seqlen_q, block_m), cdiv(seqlen_k, block_n)
     tiles = blocks.repeat_interleave(block_size // block_m, 1).repeat_interleave(block_size // block_n, 2)
     tiles = tiles[:, :n_mt, :n_nt]
     dev = blocks.device
@@ -416,7 +415,7 @@ def _as_layout(layout, block_size, nheads, seqlen_q, seqlen_k) -> BlockSparseLay
         block_size = 128 if block_size is None else block_size
     if not isinstance(block_size, int) or block_size < 16 or block_size % 16:
         raise ValueError(f"block_size must be a multiple of 16 (64 and 128 are tuned), got {block_size}")
-    check_layout_tensor(blocks, nheads, -(-seqlen_q // block_size), -(-seqlen_k // block_size))
+    check_layout_tensor(blocks, nheads, cdiv(seqlen_q, block_size), cdiv(seqlen_k, block_size))
     if isinstance(layout, BlockSparseLayout):
         if (layout.seqlen_q, layout.seqlen_k) == (seqlen_q, seqlen_k):
             return layout

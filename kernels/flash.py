@@ -47,6 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.sparsity import cdiv
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -594,13 +596,17 @@ _DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64,
 _DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}  # head dim 256
 
 
+def fallback_configs(block_d: int) -> dict:
+    """The FLASH_AUTOTUNE=0 configs for a padded head dim: {kernel: (BLOCK_M, BLOCK_N, warps, stages)}."""
+    return _DEFAULT_WIDE if block_d > 128 else _DEFAULT_128 if block_d > 64 else _DEFAULT
+
+
 def _launch(kind, raw, tuned, grid_of, args, consts):
     """Autotuned launch on the GPU; a fixed config with FLASH_AUTOTUNE=0; a small one under the interpreter."""
     if _interpreting():
         raw[grid_of(_INTERP_BLOCK)](*args, **consts, **_INTERP_BLOCK)
     elif os.environ.get("FLASH_AUTOTUNE", "1") == "0":
-        d = consts["BLOCK_D"]
-        m, n, w, s = (_DEFAULT_WIDE if d > 128 else _DEFAULT_128 if d > 64 else _DEFAULT)[kind]
+        m, n, w, s = fallback_configs(consts["BLOCK_D"])[kind]
         blocks = {"BLOCK_M": m, "BLOCK_N": n}
         raw[grid_of(blocks)](*args, **consts, **blocks, num_warps=w, num_stages=s)
     else:
@@ -692,13 +698,8 @@ def _strides(x: torch.Tensor, varlen: bool):
     return x.stride(0), x.stride(1), x.stride(2)
 
 
-# Host-side integer helpers in plain Python: triton.cdiv / triton.next_power_of_2 are constexpr
-# functions whose wrapper costs several microseconds a call, which adds up on the launch path.
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _block_d(headdim: int) -> int:
+    # Plain Python, not triton.next_power_of_2: that constexpr wrapper costs microseconds per launch.
     return max(16, 1 << (headdim - 1).bit_length())
 
 

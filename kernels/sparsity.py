@@ -44,7 +44,8 @@ __all__ = [
 ]
 
 
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division on host integers (plain Python: triton.cdiv costs microseconds per call)."""
     return -(-a // b)
 
 
@@ -89,11 +90,11 @@ class BlockSparseLayout:
     # geometry -----------------------------------------------------------------------------------
     @property
     def nblocks_q(self) -> int:
-        return _cdiv(self.seqlen_q, self.block_size)
+        return cdiv(self.seqlen_q, self.block_size)
 
     @property
     def nblocks_k(self) -> int:
-        return _cdiv(self.seqlen_k, self.block_size)
+        return cdiv(self.seqlen_k, self.block_size)
 
     @property
     def nheads(self) -> int:
@@ -189,7 +190,7 @@ class BlockSparseLayout:
 
 # patterns ---------------------------------------------------------------------------------------
 def _grid(seqlen_q: int, seqlen_k: int, block_size: int, device=None):
-    nq, nk = _cdiv(seqlen_q, block_size), _cdiv(seqlen_k, block_size)
+    nq, nk = cdiv(seqlen_q, block_size), cdiv(seqlen_k, block_size)
     i = torch.arange(nq, device=device).unsqueeze(1)
     j = torch.arange(nk, device=device).unsqueeze(0)
     return i, j
@@ -262,7 +263,7 @@ def random(seqlen_q: int, seqlen_k: int, block_size: int = 128, density: float =
     """Each block kept independently with probability `density`, drawn per head from `seed`."""
     if not 0.0 <= density <= 1.0:
         raise ValueError(f"density must be in [0, 1], got {density}")
-    nq, nk = _cdiv(seqlen_q, block_size), _cdiv(seqlen_k, block_size)
+    nq, nk = cdiv(seqlen_q, block_size), cdiv(seqlen_k, block_size)
     gen = torch.Generator().manual_seed(seed)
     blocks = torch.rand(nheads, nq, nk, generator=gen) < density
     return _make(blocks.to(device) if device is not None else blocks, block_size, seqlen_q, seqlen_k)

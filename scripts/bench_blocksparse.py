@@ -45,9 +45,9 @@ def shape(n, d):
 
 def balanced_random(n, density, seed=0, device="cuda"):
     """(1, nb, nb) bool with exactly max(1, round(density * nb)) random key blocks per query block."""
-    from kernels.sparsity import BlockSparseLayout
+    from kernels.sparsity import BlockSparseLayout, cdiv
 
-    nb = -(-n // BLOCK)
+    nb = cdiv(n, BLOCK)
     keep = max(1, round(density * nb))
     g = torch.Generator().manual_seed(seed)
     ranks = torch.rand(nb, nb, generator=g).argsort(-1).argsort(-1)
@@ -111,6 +111,28 @@ def make(name, layout, b, h, n):
     raise ValueError(name)
 
 
+def capture_graph(step, params):
+    """`step` (fwd+bwd) captured in a CUDA graph, after warm-up on a side stream as capture requires;
+    the params' .grad are cleared before each call so no accumulation kernel enters the graph."""
+    def clear():
+        for t in params:
+            t.grad = None
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            clear()
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    clear()
+    return graph
+
+
 class Timed:
     """One provider at one point: its inputs, warmed up (compiled) on creation; `round()` times it once
     more. Same numbers for every provider: drawn (b, n, h, d), copied to (b, h, n, d) for FlexAttention.
@@ -132,24 +154,9 @@ class Timed:
         self.fwd, self.fwdbwd, self.graphed, self.graph = [], [], [], None
         if graphed:
             try:
-                self.graph = self.capture()
+                self.graph = capture_graph(self.step, self.qkv)
             except Exception as e:  # a provider that cannot be captured keeps its plain times
                 print(f"  {name}: CUDA graph capture failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-
-    def capture(self):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
-            for _ in range(2):
-                self.zero_grads()
-                self.step()
-        torch.cuda.current_stream().wait_stream(side)
-        self.zero_grads()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.step()
-        self.zero_grads()
-        return graph
 
     def zero_grads(self):
         for t in self.qkv:

@@ -366,9 +366,9 @@ def run_modes(n, d, rep, log, configs="modes"):
 def doubly_balanced(n, density, seed=0, device="cuda"):
     """(1, nb, nb) bool with exactly k = round(density * nb) blocks in every row and every column: row i
     keeps columns perm[(i + s) % nb] for s in a random k-subset, rows then shuffled."""
-    from kernels.sparsity import BlockSparseLayout
+    from kernels.sparsity import BlockSparseLayout, cdiv
 
-    nb = -(-n // 128)
+    nb = cdiv(n, 128)
     keep = max(1, round(density * nb))
     g = torch.Generator().manual_seed(seed)
     perm, shifts, rows = torch.randperm(nb, generator=g), torch.randperm(nb, generator=g)[:keep], torch.randperm(nb, generator=g)
@@ -376,28 +376,6 @@ def doubly_balanced(n, density, seed=0, device="cuda"):
     i = torch.arange(nb).unsqueeze(1)
     blocks[i, perm[(i + shifts.unsqueeze(0)) % nb]] = True
     return BlockSparseLayout(blocks[rows].unsqueeze(0).to(device), 128, n, n)
-
-
-def graphed_ms(step, params, rep):
-    """fwd+bwd time of `step` replayed from a CUDA graph: the device's time alone, without the host's
-    launch path (Python, autograd, guards) that dominates when the kernels take well under a millisecond."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            for t in params:
-                t.grad = None
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    for t in params:
-        t.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    ms = triton.testing.do_bench(graph.replay, warmup=10, rep=rep, return_mode="median")
-    for t in params:
-        t.grad = None
-    return ms
 
 
 def run_layouts(n, d, rep, log, specs, rounds=1):
@@ -409,7 +387,7 @@ def run_layouts(n, d, rep, log, specs, rounds=1):
     import statistics
 
     import kernels.blocksparse as Bs
-    from bench_blocksparse import balanced_random, flex_fn
+    from bench_blocksparse import balanced_random, capture_graph, flex_fn
 
     B, H = max(1, 16384 // n), 2048 // d
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -450,7 +428,9 @@ def run_layouts(n, d, rep, log, specs, rounds=1):
         for name, step, params in (("ours", lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do), (q, k, v)),
                                    ("flex", lambda: fx(qf, kf, vf).backward(dof), (qf, kf, vf))):
             try:
-                out[f"{name}_graphed"] = [round(graphed_ms(step, params, rep), 4) for _ in range(rounds)]
+                graph = capture_graph(step, params)
+                out[f"{name}_graphed"] = [round(bench(graph.replay, rep), 4) for _ in range(rounds)]
+                del graph
             except Exception as e:  # capture not supported by a provider
                 out[f"{name}_graphed"] = f"failed: {type(e).__name__}: {str(e)[:200]}"
         out["ours_profile"] = profile_kernels(lambda: Bs.blocksparse_attn_func(q, k, v, lay).backward(do))

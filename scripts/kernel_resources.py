@@ -65,7 +65,7 @@ def main():
     kernels = {"fwd": (F._fwd_kernel, F._FWD_SHAPES), "dkdv": (F._bwd_dkdv_kernel, F._DKDV_SHAPES),
                "dq": (F._bwd_dq_kernel, F._DQ_SHAPES)}
     d = args.head_dim
-    fallback = (F._DEFAULT_WIDE if d > 128 else F._DEFAULT_128 if d > 64 else F._DEFAULT)
+    fallback = F.fallback_configs(F._block_d(d))
     print(f"sm_90, head dim {d}, causal={args.causal}, dropout={args.dropout}, triton {triton.__version__}")
     print("| kernel | (BLOCK_M, BLOCK_N, warps, stages) | registers | spill stack (bytes) | note |")
     print("|---|---|---:|---:|---|")
