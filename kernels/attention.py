@@ -1,13 +1,17 @@
 """The one attention interface every model uses; `configs/attn/*.yaml` each name one of these classes.
 
 A model builds its attention core with `attention_factory(dropout=p)` (a functools.partial that Hydra
-makes from the attn config) and calls
+makes from the attn config) and calls it in one of two ways:
 
-    out = core(q, k, v, causal=..., key_padding_mask=None)
+    out = core(q, k, v, causal=..., key_padding_mask=None)   # padded: (batch, seqlen, nheads, headdim)
+    out = core(q, k, v, causal=..., packed=packed)           # packed: (total_tokens, nheads, headdim)
 
-with q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k, headdim), and gets
-(batch, seqlen_q, nheads, headdim) back. key_padding_mask, when given, is a bool (batch, seqlen_k) with
-True at real tokens (self-attention on padded batches: BERT, LRA). Dropout is active only in training
+Padded: q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k, headdim);
+key_padding_mask, when given, is a bool (batch, seqlen_k) with True at real tokens. Packed: the model
+removed the padding once per forward (`kernels.padding.PackedBatch.from_mask`) and every layer passes
+the same PackedBatch with q/k/v of its real tokens only (self-attention). Flash and block-sparse run
+their varlen kernels on packed tokens; standard and SDPA re-pad, run their padded path and pack again.
+Either way the result equals attention over each sequence alone. Dropout is active only in training
 mode. Models never branch on which class they hold.
 """
 from __future__ import annotations
@@ -16,11 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.padding import PackedBatch, pad, unpad
 from kernels.standard import causal_mask, standard_attention
 
 
 class Attention(nn.Module):
-    """Base class: holds the attention dropout probability and the softmax scale."""
+    """Base class: holds the attention dropout probability and the softmax scale, and dispatches.
+
+    Subclasses implement `forward_padded` and/or `forward_packed`; each has a default that goes
+    through the other (re-padding, or packing the padded batch), so both calls work for every kind.
+    """
 
     def __init__(self, dropout: float = 0.0, softmax_scale: float | None = None):
         super().__init__()
@@ -33,8 +42,34 @@ class Attention(nn.Module):
     def dropout_p(self) -> float:
         return self.dropout if self.training else 0.0
 
-    def forward(self, q, k, v, causal: bool = False, key_padding_mask: torch.Tensor | None = None):
-        raise NotImplementedError
+    def forward(self, q, k, v, causal: bool = False, key_padding_mask: torch.Tensor | None = None,
+                packed: PackedBatch | None = None):
+        if packed is not None:
+            if key_padding_mask is not None:
+                raise ValueError("pass either packed tokens (packed=...) or a padded batch with "
+                                 "key_padding_mask, not both")
+            if q.dim() != 3 or q.shape[0] != packed.total:
+                raise ValueError(f"packed q must be (total_tokens={packed.total}, nheads, headdim), got "
+                                 f"{tuple(q.shape)}")
+            return self.forward_packed(q, k, v, packed, causal)
+        return self.forward_padded(q, k, v, causal, key_padding_mask)
+
+    def forward_padded(self, q, k, v, causal, key_padding_mask):
+        """Default: pack the padded batch (self-attention), run forward_packed, pad the result."""
+        if key_padding_mask is None:
+            raise NotImplementedError(f"{type(self).__name__} implements no padded path")
+        batch, seqlen = key_padding_mask.shape
+        if q.shape[1] != seqlen or k.shape[1] != seqlen:
+            raise ValueError(f"key_padding_mask with {type(self).__name__} needs self-attention "
+                             f"(seqlen_q == seqlen_k == {seqlen}), got {q.shape[1]} and {k.shape[1]}")
+        packed = PackedBatch.from_mask(key_padding_mask)
+        out = self.forward_packed(unpad(q, packed), unpad(k, packed), unpad(v, packed), packed, causal)
+        return pad(out, packed)
+
+    def forward_packed(self, q, k, v, packed: PackedBatch, causal):
+        """Default: re-pad, run forward_padded with the padding mask, keep the real tokens."""
+        out = self.forward_padded(pad(q, packed), pad(k, packed), pad(v, packed), causal, packed.mask)
+        return unpad(out, packed)
 
     def extra_repr(self) -> str:
         return f"dropout={self.dropout}, softmax_scale={self.softmax_scale}"
@@ -43,7 +78,7 @@ class Attention(nn.Module):
 class StandardAttention(Attention):
     """The paper's baseline: scores materialised in HBM, then mask, softmax, dropout (plain PyTorch)."""
 
-    def forward(self, q, k, v, causal=False, key_padding_mask=None):
+    def forward_padded(self, q, k, v, causal, key_padding_mask):
         mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
         return standard_attention(
             q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=causal, mask=mask
@@ -56,7 +91,7 @@ class SDPAttention(Attention):
     PyTorch picks its backend (FlashAttention-2, memory-efficient, cuDNN or math) per call.
     """
 
-    def forward(self, q, k, v, causal=False, key_padding_mask=None):
+    def forward_padded(self, q, k, v, causal, key_padding_mask):
         seqlen_q, seqlen_k = q.shape[1], k.shape[1]
         attn_mask = None
         if key_padding_mask is not None:
@@ -80,37 +115,22 @@ class SDPAttention(Attention):
         return out.transpose(1, 2)
 
 
-def _unpad(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """(batch, seqlen, ...) -> (total_tokens, ...) keeping the rows named by flat `indices`."""
-    return x.reshape(-1, *x.shape[2:]).index_select(0, indices)
-
-
 class FlashAttention(Attention):
-    """The fused Triton kernel (kernels.flash). Padded batches run through the varlen kernel."""
+    """The fused Triton kernel (kernels.flash); packed tokens run through its varlen kernel."""
 
-    def forward(self, q, k, v, causal=False, key_padding_mask=None):
-        from kernels.flash import flash_attn_func, flash_attn_varlen_func
+    def forward_padded(self, q, k, v, causal, key_padding_mask):
+        if key_padding_mask is not None:
+            return super().forward_padded(q, k, v, causal, key_padding_mask)
+        from kernels.flash import flash_attn_func
 
-        if key_padding_mask is None:
-            return flash_attn_func(
-                q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=causal
-            )
-        batch, seqlen = key_padding_mask.shape
-        if q.shape[1] != seqlen or k.shape[1] != seqlen:
-            raise ValueError("key_padding_mask with flash attention needs self-attention (seqlen_q == seqlen_k)")
-        # Pack the real tokens (query padding = key padding) and run without padding at all.
-        lengths = key_padding_mask.sum(dim=1, dtype=torch.int32)
-        cu_seqlens = F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
-        indices = key_padding_mask.flatten().nonzero().squeeze(1)
-        max_seqlen = int(lengths.max())
-        out_packed = flash_attn_varlen_func(
-            _unpad(q, indices), _unpad(k, indices), _unpad(v, indices), cu_seqlens, cu_seqlens,
-            max_seqlen, max_seqlen, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
-            causal=causal,
-        )
-        out = out_packed.new_zeros(batch * seqlen, *out_packed.shape[1:])
-        out.index_copy_(0, indices, out_packed)
-        return out.view(batch, seqlen, *out_packed.shape[1:])
+        return flash_attn_func(q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=causal)
+
+    def forward_packed(self, q, k, v, packed, causal):
+        from kernels.flash import flash_attn_varlen_func
+
+        return flash_attn_varlen_func(q, k, v, packed.cu_seqlens, packed.cu_seqlens, packed.max_seqlen,
+                                      packed.max_seqlen, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
+                                      causal=causal, check_seqlens=False)
 
 
 class BlockSparseAttention(Attention):
@@ -119,13 +139,15 @@ class BlockSparseAttention(Attention):
     pattern: a name from kernels.sparsity.PATTERNS or a list of names (their union), e.g. "butterfly"
     or ["local", "global_local"]; block_size: 64 or 128 (any multiple of 16 runs); the other keyword
     arguments go to the pattern builders (window, n_global, stride, density, seed, nheads, n_factors).
-    The layout is built once per (seqlen_q, seqlen_k, device) and kept, so its compressed index tables
-    are reused by every step. `causal` comes from the model at call time and is applied token by token
-    on top of the blocks.
+    `causal` comes from the model at call time and is applied token by token on top of the blocks.
 
-    key_padding_mask (BERT/LRA padded batches) has no kernel path: such calls fall back to standard
-    attention with the token-level block mask and the padding mask (correct, not IO-aware).
+    Layouts are built once per (pattern, lengths, device) in a cache shared by every instance, so all
+    layers of a model (and their compressed index tables) share one. Packed tokens (a padded batch,
+    its padding removed once by the model) run the varlen kernel with the layout of the padded length
+    applied to each sequence from its own start: exact, and never dense attention.
     """
+
+    _LAYOUTS: dict = {}
 
     def __init__(self, dropout: float = 0.0, softmax_scale: float | None = None, pattern="butterfly",
                  block_size: int = 128, **pattern_kwargs):
@@ -136,27 +158,34 @@ class BlockSparseAttention(Attention):
         self.block_size = int(block_size)
         self.pattern_kwargs = dict(pattern_kwargs)
         make_layout(self.pattern, self.block_size, self.block_size, self.block_size, **self.pattern_kwargs)
-        self._layouts: dict = {}
 
     def layout(self, seqlen_q: int, seqlen_k: int, device):
-        key = (seqlen_q, seqlen_k, str(device))
-        if key not in self._layouts:
+        pattern = self.pattern if isinstance(self.pattern, str) else tuple(self.pattern)
+        key = (pattern, self.block_size, repr(sorted(self.pattern_kwargs.items())), seqlen_q, seqlen_k,
+               str(device))
+        if key not in self._LAYOUTS:
             from kernels.sparsity import make_layout
 
-            self._layouts[key] = make_layout(self.pattern, seqlen_q, seqlen_k, self.block_size,
-                                             device=device, **self.pattern_kwargs)
-        return self._layouts[key]
+            self._LAYOUTS[key] = make_layout(self.pattern, seqlen_q, seqlen_k, self.block_size, device=device,
+                                             **self.pattern_kwargs)
+        return self._LAYOUTS[key]
 
-    def forward(self, q, k, v, causal=False, key_padding_mask=None):
-        lay = self.layout(q.shape[1], k.shape[1], q.device)
-        if key_padding_mask is not None and not bool(key_padding_mask.all()):
-            mask = lay.to_dense().unsqueeze(0) & key_padding_mask[:, None, None, :]
-            return standard_attention(q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
-                                      causal=causal or lay.causal, mask=mask)
+    def forward_padded(self, q, k, v, causal, key_padding_mask):
+        if key_padding_mask is not None:
+            return super().forward_padded(q, k, v, causal, key_padding_mask)
         from kernels.blocksparse import blocksparse_attn_func
 
+        lay = self.layout(q.shape[1], k.shape[1], q.device)
         return blocksparse_attn_func(q, k, v, lay, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
                                      causal=causal)
+
+    def forward_packed(self, q, k, v, packed, causal):
+        from kernels.blocksparse import blocksparse_attn_varlen_func
+
+        lay = self.layout(packed.seqlen, packed.seqlen, q.device)
+        return blocksparse_attn_varlen_func(q, k, v, lay, packed.cu_seqlens, packed.cu_seqlens, packed.max_seqlen,
+                                            packed.max_seqlen, dropout_p=self.dropout_p,
+                                            softmax_scale=self.softmax_scale, causal=causal, check_seqlens=False)
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, pattern={self.pattern}, block_size={self.block_size}, "

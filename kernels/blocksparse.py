@@ -19,6 +19,11 @@ How it works:
   whose programs are of two kinds: dK/dV of a key tile, walking the transposed list, and dQ of a query
   tile, walking the forward list; both recompute P from Q, K and LSE. Full query tiles are loaded
   without row masks.
+- Varlen (`blocksparse_attn_varlen_func`, padding removed): packed sequences of different lengths, the
+  layout applied to each from its own first token. The tables are built once for the layout's (padded)
+  length; a program of a shorter sequence counts how many of its listed tiles fit (one vector load of
+  its row: indices ascend within each kind), runs those wholly inside unmasked, masks the one it ends
+  in and skips the rest, so a padded batch costs what its real tokens cost, never dense attention.
 
 The per-tile work (online-softmax step with optional masking and fused dropout, the dK/dV and dQ
 recomputation steps, the dropout RNG, input checks, delta preprocessing) is kernels/flash.py's, shared
@@ -27,11 +32,12 @@ for the same seed, and a full layout computes what flash_attn_func does (bit for
 when the tiles match, as under the interpreter; on the GPU the two pick tiles independently).
 
 Supports: fp16/bf16 (fp32 for tests), head dims that are multiples of 8 up to 256 (tuned: 64, 128),
-per-head layouts, block_size any multiple of 16 (64 and 128 tuned), seqlen_q != seqlen_k, dropout,
-grouped-query K/V (each K/V head loops over its query heads' layouts; no atomics).
+per-head layouts, block_size any multiple of 16 (64 and 128 tuned), seqlen_q != seqlen_k, varlen,
+dropout, grouped-query K/V (each K/V head loops over its query heads' layouts; no atomics).
 Limits: tile sizes are fixed per kernel (the cached tables depend on them, so no autotuning); a very
 unbalanced layout gives unbalanced programs (no persistent scheduling); the layout is the same for
-every batch element; pass a BlockSparseLayout (not a bare tensor) to reuse its compressed tables.
+every batch element (varlen: every sequence, from its start); causal varlen needs self-attention;
+pass a BlockSparseLayout (not a bare tensor) to reuse its compressed tables.
 
 Measured on an H100 (results/blocksparse/h100.md, bf16, non-causal, block_size 128): butterfly at 16K
 tokens (density 1/16) runs forward+backward 13.6x (hd 64) / 13.7x (hd 128) faster than our dense
@@ -42,7 +48,6 @@ and 0.99-1.09x); results/blocksparse/README.md.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -52,6 +57,7 @@ from kernels.flash import (
     LOG2E,
     _block_d,
     _interpreting,
+    _strides,
     bwd_dkdv_block_step,
     bwd_dq_block_step,
     bwd_preprocess,
@@ -61,11 +67,12 @@ from kernels.flash import (
     fwd_finalize,
     load_row_stats,
     load_tile,
+    seq_bounds,
 )
 from kernels.sparsity import BlockSparseLayout, cdiv, check_layout_tensor
 from kernels.standard import standard_attention
 
-__all__ = ["blocksparse_attn_func", "compress_layout", "blocksparse_reference", "CompressedLayout"]
+__all__ = ["blocksparse_attn_func", "blocksparse_attn_varlen_func", "compress_layout", "blocksparse_reference", "CompressedLayout"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -139,15 +146,12 @@ def compress_layout(layout: BlockSparseLayout, seqlen_q: int, seqlen_k: int, cau
 # Top-level kernels: walk the compressed layout, call the shared steps of kernels/flash.py
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _next_tile(idx_ptr, t, nxt, n_total, PREFETCH: tl.constexpr):
-    """(index of listed tile t, prefetched index of tile t + 1). With PREFETCH the index used now was
-    loaded one iteration earlier, so the tile loads' addresses depend only on a loop-carried value
-    (the software pipeliner can issue them ahead) instead of on a load in the same iteration."""
-    if PREFETCH:
-        cur = nxt
-        nxt = tl.load(idx_ptr + t + 1, mask=t + 1 < n_total, other=0)
-    else:
-        cur = tl.load(idx_ptr + t)
+def _next_tile(idx_ptr, t, nxt, n_total):
+    """(index of listed tile t, index of tile t + 1 loaded ahead). The index used now was loaded one
+    iteration earlier, so the tile loads' addresses depend only on a loop-carried value and the
+    software pipeliner can issue them early (this closed the gap to FlexAttention; NOTES_blocksparse.md)."""
+    cur = nxt
+    nxt = tl.load(idx_ptr + t + 1, mask=t + 1 < n_total, other=0)
     return cur, nxt
 
 
@@ -165,58 +169,90 @@ def _layout_row(FULL, PART, IDX, h, pid, stride_lay_h, idx_width):
 
 
 @triton.jit
-def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX,
+def _row_reach(idx_ptr, n_full, n_total, limit, TILE: tl.constexpr, WIDTH: tl.constexpr):
+    """Varlen: the tables were built for the layout's length; this sequence ends at `limit` tokens.
+    Listed indices ascend within each kind, so the tiles that fit form prefixes. Returns
+    (n_fast, full_end, part_end): full tiles [0, n_fast) lie wholly inside the sequence (no element
+    mask), [n_fast, full_end) straddle its end (at most one), and partial tiles [n_full, part_end)
+    start inside it; the rest lie past the end and are skipped."""
+    offs = tl.arange(0, WIDTH)
+    idx = tl.load(idx_ptr + offs, mask=offs < n_total, other=0)
+    is_full = offs < n_full
+    is_part = (offs >= n_full) & (offs < n_total)
+    starts_inside = idx * TILE < limit
+    n_fast = tl.sum((is_full & ((idx + 1) * TILE <= limit)).to(tl.int32), 0)
+    full_end = tl.sum((is_full & starts_inside).to(tl.int32), 0)
+    part_end = n_full + tl.sum((is_part & starts_inside).to(tl.int32), 0)
+    return n_fast, full_end, part_end
+
+
+@triton.jit
+def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX, CU_Q, CU_K,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                    stride_lay_h, idx_width, nheads, group, seqlen_q, seqlen_k, qk_scale, drop_thresh,
                    drop_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+                   VARLEN: tl.constexpr, IDX_WIDTH: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // nheads
     h = bh % nheads
+    # Varlen: sequence b's own bounds; the layout applies from its first token.
+    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
+    if pid_m * BLOCK_M >= seqlen_q:
+        return
     b64 = b.to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_tile(Q + b64 * stride_qb + h * stride_qh, stride_qm, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D,
-                  True)
-    k_base = K + b64 * stride_kb + (h // group) * stride_kh
-    v_base = V + b64 * stride_vb + (h // group) * stride_vh
+    q = load_tile(Q + b64 * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qm, stride_qm, offs_m,
+                  offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
+    k_base = K + b64 * stride_kb + (h // group) * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + b64 * stride_vb + (h // group) * stride_vh + k_start.to(tl.int64) * stride_vn
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
     diag = seqlen_k - seqlen_q
 
     n_full, n_total, idx_ptr, nxt = _layout_row(ROW_FULL, ROW_PART, ROW_IDX, h, pid_m, stride_lay_h, idx_width)
+    n_fast, full_end, part_end = n_full, n_full, n_total
+    if VARLEN:
+        n_fast, full_end, part_end = _row_reach(idx_ptr, n_full, n_total, seqlen_k, BLOCK_N, IDX_WIDTH)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Full tiles first: in range and wholly below the diagonal, so no per-element mask.
-    for t in range(0, n_full):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
-        start_n = cur * BLOCK_N
-        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
-                                       offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+    for t in range(0, n_fast):
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N,
+                                       offs_m, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
                                        HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
-    for t in range(n_full, n_total):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
-        start_n = cur * BLOCK_N
-        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
-                                       offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+    if VARLEN:
+        for t in range(n_fast, full_end):  # the full tile this (shorter) sequence ends in
+            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+            acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N,
+                                           offs_m, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh,
+                                           drop_thresh, HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
+        nxt = tl.load(idx_ptr + n_full, mask=n_full < n_total, other=0)
+    for t in range(n_full, part_end):
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N,
+                                       offs_m, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
                                        HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
     acc, lse = fwd_finalize(acc, m_i, l_i, drop_scale, HAS_DROPOUT)  # lse in base 2, as flash.py keeps it
     row_ok = offs_m < seqlen_q
-    tl.store(LSE + b64 * stride_lb + h * stride_lh + offs_m, lse, mask=row_ok)
-    o_ptrs = O + b64 * stride_ob + h * stride_oh + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :]
+    tl.store(LSE + b64 * stride_lb + h * stride_lh + q_start + offs_m, lse, mask=row_ok)
+    o_ptrs = (O + b64 * stride_ob + h * stride_oh + (q_start + offs_m)[:, None].to(tl.int64) * stride_om
+              + offs_d[None, :])
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
-def _bs_dkdv_program(pid_n, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FULL, COL_PART, COL_IDX,
+def _bs_dkdv_program(pid_n, b, hk, q_start, k_start, Q, K, V, DO, DK, DV, LSE, DELTA, seed,
+                     COL_FULL, COL_PART, COL_IDX,
                      stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                      stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
                      stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -224,14 +260,18 @@ def _bs_dkdv_program(pid_n, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FU
                      sm_scale, qk_scale, drop_thresh, drop_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                     PREFETCH: tl.constexpr):
+                     VARLEN: tl.constexpr, IDX_WIDTH: tl.constexpr):
     """dK and dV of key tile `pid_n` of (batch b, key/value head hk): walk the transposed layout."""
     b64 = b.to(tl.int64)
+    q_off = q_start.to(tl.int64)
+    k_off = k_start.to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    k = load_tile(K + b64 * stride_kb + hk * stride_kh, stride_kn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, True)
-    v = load_tile(V + b64 * stride_vb + hk * stride_vh, stride_vn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, True)
+    k = load_tile(K + b64 * stride_kb + hk * stride_kh + k_off * stride_kn, stride_kn, cols, offs_d, seqlen_k,
+                  HEAD_DIM, BLOCK_D, True)
+    v = load_tile(V + b64 * stride_vb + hk * stride_vh + k_off * stride_vn, stride_vn, cols, offs_d, seqlen_k,
+                  HEAD_DIM, BLOCK_D, True)
     diag = seqlen_k - seqlen_q
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -240,30 +280,39 @@ def _bs_dkdv_program(pid_n, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FU
     for g in range(0, group):
         h = hk * group + g
         bh = b * nheads + h
-        q_base = Q + b64 * stride_qb + h * stride_qh
-        do_base = DO + b64 * stride_dob + h * stride_doh
-        lse_base = LSE + b64 * stride_lb + h * stride_lh
-        delta_base = DELTA + b64 * stride_lb + h * stride_lh
+        q_base = Q + b64 * stride_qb + h * stride_qh + q_off * stride_qm
+        do_base = DO + b64 * stride_dob + h * stride_doh + q_off * stride_dom
+        lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
+        delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
         n_full, n_total, idx_ptr, nxt = _layout_row(COL_FULL, COL_PART, COL_IDX, h, pid_n, stride_lay_h,
                                                     idx_width)
+        n_fast, full_end, part_end = n_full, n_full, n_total
+        if VARLEN:
+            n_fast, full_end, part_end = _row_reach(idx_ptr, n_full, n_total, seqlen_q, BLOCK_M, IDX_WIDTH)
         # Full query tiles lie wholly inside the sequence: no row masks on their loads.
-        for t in range(0, n_full):
-            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
-            start_m = cur * BLOCK_M
+        for t in range(0, n_fast):
+            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
             dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
-                                         stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
+                                         stride_dom, cur * BLOCK_M, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
                                          seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT,
                                          False)
-        for t in range(n_full, n_total):
-            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
-            start_m = cur * BLOCK_M
+        if VARLEN:
+            for t in range(n_fast, full_end):
+                cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+                dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
+                                             stride_dom, cur * BLOCK_M, offs_m, cols, offs_d, seqlen_q, diag,
+                                             qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, CAUSAL,
+                                             HAS_DROPOUT, True)
+            nxt = tl.load(idx_ptr + n_full, mask=n_full < n_total, other=0)
+        for t in range(n_full, part_end):
+            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
             dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
-                                         stride_dom, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
+                                         stride_dom, cur * BLOCK_M, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
                                          seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, CAUSAL,
                                          HAS_DROPOUT, True)
     dk = dk * sm_scale
     ok = (cols[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
-    rows64 = cols[:, None].to(tl.int64)
+    rows64 = k_off + cols[:, None].to(tl.int64)
     tl.store(DK + b64 * stride_dkb + hk * stride_dkh + rows64 * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=ok)
     tl.store(DV + b64 * stride_dvb + hk * stride_dvh + rows64 * stride_dvn + offs_d[None, :],
@@ -271,7 +320,7 @@ def _bs_dkdv_program(pid_n, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FU
 
 
 @triton.jit
-def _bs_dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW_PART, ROW_IDX,
+def _bs_dq_program(pid_m, b, h, q_start, k_start, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW_PART, ROW_IDX,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
                    stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
@@ -279,44 +328,55 @@ def _bs_dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW
                    drop_thresh, drop_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+                   VARLEN: tl.constexpr, IDX_WIDTH: tl.constexpr):
     """dQ of query tile `pid_m` of (batch b, query head h): walk the forward layout."""
     bh = b * nheads + h
     b64 = b.to(tl.int64)
+    q_off = q_start.to(tl.int64)
+    k_off = k_start.to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_tile(Q + b64 * stride_qb + h * stride_qh, stride_qm, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
-    do = load_tile(DO + b64 * stride_dob + h * stride_doh, stride_dom, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D,
-                   True)
-    lse, delta = load_row_stats(LSE + b64 * stride_lb + h * stride_lh, DELTA + b64 * stride_lb + h * stride_lh,
-                                rows, seqlen_q)
-    k_base = K + b64 * stride_kb + (h // group) * stride_kh
-    v_base = V + b64 * stride_vb + (h // group) * stride_vh
+    q = load_tile(Q + b64 * stride_qb + h * stride_qh + q_off * stride_qm, stride_qm, rows, offs_d, seqlen_q,
+                  HEAD_DIM, BLOCK_D, True)
+    do = load_tile(DO + b64 * stride_dob + h * stride_doh + q_off * stride_dom, stride_dom, rows, offs_d, seqlen_q,
+                   HEAD_DIM, BLOCK_D, True)
+    lse, delta = load_row_stats(LSE + b64 * stride_lb + h * stride_lh + q_start,
+                                DELTA + b64 * stride_lb + h * stride_lh + q_start, rows, seqlen_q)
+    k_base = K + b64 * stride_kb + (h // group) * stride_kh + k_off * stride_kn
+    v_base = V + b64 * stride_vb + (h // group) * stride_vh + k_off * stride_vn
     diag = seqlen_k - seqlen_q
     n_full, n_total, idx_ptr, nxt = _layout_row(ROW_FULL, ROW_PART, ROW_IDX, h, pid_m, stride_lay_h, idx_width)
+    n_fast, full_end, part_end = n_full, n_full, n_total
+    if VARLEN:
+        n_fast, full_end, part_end = _row_reach(idx_ptr, n_full, n_total, seqlen_k, BLOCK_N, IDX_WIDTH)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for t in range(0, n_full):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
-        start_n = cur * BLOCK_N
-        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
-                               offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+    for t in range(0, n_fast):
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N, rows,
+                               offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
                                HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
-    for t in range(n_full, n_total):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total, PREFETCH)
-        start_n = cur * BLOCK_N
-        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
-                               offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+    if VARLEN:
+        for t in range(n_fast, full_end):
+            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+            dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N,
+                                   rows, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                                   HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
+        nxt = tl.load(idx_ptr + n_full, mask=n_full < n_total, other=0)
+    for t in range(n_full, part_end):
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N, rows,
+                               offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
                                HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
     dq = dq * sm_scale
     ok = (rows[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DQ + b64 * stride_dqb + h * stride_dqh + rows[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=ok)
+    tl.store(DQ + b64 * stride_dqb + h * stride_dqh + (q_off + rows[:, None].to(tl.int64)) * stride_dqm
+             + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=ok)
 
 
 @triton.jit
 def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
-                   COL_FULL, COL_PART, COL_IDX, ROW_FULL, ROW_PART, ROW_IDX,
+                   COL_FULL, COL_PART, COL_IDX, ROW_FULL, ROW_PART, ROW_IDX, CU_Q, CU_K,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
                    stride_dqb, stride_dqm, stride_dqh, stride_dkb, stride_dkn, stride_dkh,
@@ -325,16 +385,19 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
                    seqlen_q, seqlen_k, sm_scale, qk_scale, drop_thresh, drop_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr,
-                   HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr, PREFETCH: tl.constexpr):
+                   HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr, VARLEN: tl.constexpr,
+                   COL_WIDTH: tl.constexpr, ROW_WIDTH: tl.constexpr):
     """Backward programs; axis 1 is batch * key/value heads. ROLE 1: program pid computes dK/dV of key
     tile pid (tiles BLOCK_M1 x BLOCK_N1). ROLE 2: program pid computes dQ of query tile pid % n_q_tiles
     of the group's query head pid // n_q_tiles (tiles BLOCK_M2 x BLOCK_N2). ROLE 0: both in one launch,
-    the first n_kv_tiles programs as ROLE 1, the rest as ROLE 2."""
+    the first n_kv_tiles programs as ROLE 1, the rest as ROLE 2. Varlen: programs past their
+    sequence's end do nothing."""
     pid = tl.program_id(0)
     bhk = tl.program_id(1)
     nheads_k = nheads // group
     b = bhk // nheads_k
     hk = bhk % nheads_k
+    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
@@ -345,22 +408,27 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
         is_dkdv = ROLE == 1
         j = pid
     if is_dkdv:
-        _bs_dkdv_program(pid, b, hk, Q, K, V, DO, DK, DV, LSE, DELTA, seed, COL_FULL, COL_PART, COL_IDX,
-                         stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-                         stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-                         stride_lb, stride_lh, col_lay_h, col_width, nheads, group, seqlen_q, seqlen_k,
-                         sm_scale, qk_scale, drop_thresh, drop_scale,
-                         HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, HAS_DROPOUT, PREFETCH)
+        if pid * BLOCK_N1 < seqlen_k:
+            _bs_dkdv_program(pid, b, hk, q_start, k_start, Q, K, V, DO, DK, DV, LSE, DELTA, seed,
+                             COL_FULL, COL_PART, COL_IDX,
+                             stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                             stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                             stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                             stride_lb, stride_lh, col_lay_h, col_width, nheads, group, seqlen_q, seqlen_k,
+                             sm_scale, qk_scale, drop_thresh, drop_scale,
+                             HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, HAS_DROPOUT, VARLEN, COL_WIDTH)
     else:
-        h = hk * group + j // n_q_tiles
-        _bs_dq_program(j % n_q_tiles, b, h, Q, K, V, DO, DQ, LSE, DELTA, seed, ROW_FULL, ROW_PART, ROW_IDX,
-                       stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-                       stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                       stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
-                       row_lay_h, row_width, nheads, group, seqlen_q, seqlen_k, sm_scale, qk_scale,
-                       drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, HAS_DROPOUT,
-                       PREFETCH)
+        pid_m = j % n_q_tiles
+        if pid_m * BLOCK_M2 < seqlen_q:
+            h = hk * group + j // n_q_tiles
+            _bs_dq_program(pid_m, b, h, q_start, k_start, Q, K, V, DO, DQ, LSE, DELTA, seed,
+                           ROW_FULL, ROW_PART, ROW_IDX,
+                           stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
+                           stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
+                           stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                           row_lay_h, row_width, nheads, group, seqlen_q, seqlen_k, sm_scale, qk_scale,
+                           drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, HAS_DROPOUT,
+                           VARLEN, ROW_WIDTH)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -368,30 +436,16 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
 # ------------------------------------------------------------------------------------------------
 # Tiles per kernel and head-dim class (<= 64, > 64) on the GPU: "fwd" (BLOCK_M, BLOCK_N, num_warps,
 # num_stages); "bwd" (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages): dK/dV tiles
-# (query x key), then dQ tiles; "bwd_mode": how the backward launches (see BWD_MODE). Each tile is capped
-# at block_size (tiles must divide it). Fixed rather than autotuned because the cached tables depend on
-# them. Chosen from H100 measurements at 16K, butterfly, bf16: results/blocksparse/sweep.md (forward),
-# bwd_variants.log (backward kernels alone) and bwd_modes.log (launch modes x tiles, end to end).
+# (query x key), then dQ tiles; "bwd_mode": "split" launches the dK/dV programs, then the dQ programs;
+# "fused" launches both kinds in one grid (their shared memory then serves both, which costs occupancy
+# with some tiles). Each tile is capped at block_size (tiles must divide it). Fixed rather than
+# autotuned because the cached tables depend on them. Chosen from H100 measurements at 16K, butterfly,
+# bf16 (kernels/NOTES_blocksparse.md: forward sweep, backward kernels alone, launch modes x tiles).
 TILES = {
     64: {"fwd": (64, 64, 4, 3), "bwd": (64, 64, 64, 64, 4, 3), "bwd_mode": "split"},
     128: {"fwd": (128, 128, 8, 3), "bwd": (64, 128, 128, 64, 8, 3), "bwd_mode": "fused"},
 }
 _INTERP_TILE = 16
-# How the backward's two kinds of program are launched: "split" (two launches, one after the other),
-# "streams" (dQ on a side stream, concurrent with dK/dV) or "fused" (one launch holding both kinds; the
-# kernel's shared memory then serves both, which costs occupancy with some tiles). None: the per-head-dim
-# choice in TILES. FLASH_BS_BWD=split|streams|fused overrides it (for A/B timing).
-BWD_MODE = os.environ.get("FLASH_BS_BWD") or None
-# Load each listed tile's index one loop iteration ahead (see _next_tile); FLASH_BS_PREFETCH=0 for A/B.
-PREFETCH_INDEX = os.environ.get("FLASH_BS_PREFETCH", "1") == "1"
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device):
-    key = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
-    if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device=device)
-    return _SIDE_STREAMS[key]
 
 
 def _tiles(kind: str, block_size: int, head_dim: int) -> tuple[int, ...]:
@@ -405,7 +459,13 @@ def _tiles(kind: str, block_size: int, head_dim: int) -> tuple[int, ...]:
     return (*(math.gcd(block_size, x) for x in blocks), warps, stages)
 
 
-def _as_layout(layout, block_size, nheads, seqlen_q, seqlen_k) -> BlockSparseLayout:
+def _bwd_mode(head_dim: int) -> str:
+    return TILES[64 if head_dim <= 64 else 128]["bwd_mode"]
+
+
+def _as_layout(layout, block_size, nheads, seqlen_q, seqlen_k, varlen: bool = False) -> BlockSparseLayout:
+    """A BlockSparseLayout for these lengths. Varlen: the layout's own lengths are kept (at least the
+    longest sequence); each sequence uses its top-left corner."""
     if isinstance(layout, BlockSparseLayout):
         if block_size is not None and block_size != layout.block_size:
             raise ValueError(f"block_size={block_size} differs from the layout's {layout.block_size}")
@@ -415,6 +475,15 @@ def _as_layout(layout, block_size, nheads, seqlen_q, seqlen_k) -> BlockSparseLay
         block_size = 128 if block_size is None else block_size
     if not isinstance(block_size, int) or block_size < 16 or block_size % 16:
         raise ValueError(f"block_size must be a multiple of 16 (64 and 128 are tuned), got {block_size}")
+    if varlen:
+        if not isinstance(layout, BlockSparseLayout):
+            raise TypeError("the varlen block-sparse kernel takes a kernels.sparsity.BlockSparseLayout (it says "
+                            "which sequence length the layout was built for)")
+        if layout.seqlen_q < seqlen_q or layout.seqlen_k < seqlen_k:
+            raise ValueError(f"the layout covers ({layout.seqlen_q}, {layout.seqlen_k}) tokens but the longest "
+                             f"sequence has ({seqlen_q}, {seqlen_k}); build it for the padded length")
+        check_layout_tensor(blocks, nheads, layout.nblocks_q, layout.nblocks_k)
+        return layout
     check_layout_tensor(blocks, nheads, cdiv(seqlen_q, block_size), cdiv(seqlen_k, block_size))
     if isinstance(layout, BlockSparseLayout):
         if (layout.seqlen_q, layout.seqlen_k) == (seqlen_q, seqlen_k):
@@ -427,93 +496,107 @@ def _lay_stride(t: torch.Tensor) -> int:
     return t.stride(0) if t.shape[0] > 1 else 0  # one layout shared by all heads
 
 
+def _width(table: torch.Tensor) -> int:
+    """Power-of-two vector width covering one row of an index table (varlen's _row_reach)."""
+    return max(16, 1 << (table.shape[-1] - 1).bit_length())
+
+
 def _drop_consts(dropout_p: float):
     # The encoding kernels.flash.dropout_keep documents: keep iff 24 random bits >= round(p * 2^24).
     return int(round(dropout_p * (1 << 24))), 1.0 / (1.0 - dropout_p)
 
 
-def _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p):
-    batch, seqlen_q, nheads, d = q.shape
-    seqlen_k = k.shape[1]
+def _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p, cu_q=None, cu_k=None, max_q=None, max_k=None):
+    """Dense: q (batch, seqlen_q, nheads, d). Varlen (cu_q given): q (total_q, nheads, d), the tables
+    built for the layout's own lengths and the grid sized by the longest sequence."""
+    varlen = cu_q is not None
+    nheads, d = q.shape[-2], q.shape[-1]
+    if varlen:
+        batch = cu_q.numel() - 1
+        lay_q, lay_k = layout.seqlen_q, layout.seqlen_k
+        lse = torch.empty(nheads, q.shape[0], device=q.device, dtype=torch.float32)
+        slb, slh = 0, q.shape[0]
+    else:
+        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
+        lay_q, lay_k = max_q, max_k
+        lse = torch.empty(batch, nheads, max_q, device=q.device, dtype=torch.float32)
+        slb, slh = lse.stride(0), lse.stride(1)
     bm, bn, warps, stages = _tiles("fwd", layout.block_size, d)
-    tab = compress_layout(layout, seqlen_q, seqlen_k, causal, bm, bn, q.device)
+    tab = compress_layout(layout, lay_q, lay_k, causal, bm, bn, q.device)
     o = torch.empty_like(q)
-    lse = torch.empty(batch, nheads, seqlen_q, device=q.device, dtype=torch.float32)
     seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
     thresh, drop_scale = _drop_consts(dropout_p)
-    _bs_fwd_kernel[(cdiv(seqlen_q, bm), batch * nheads)](
-        q, k, v, o, lse, seed, tab.row_full, tab.row_part, tab.row_idx,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], *lse.stride()[:2],
-        _lay_stride(tab.row_full), tab.row_idx.shape[-1], nheads, nheads // k.shape[2], seqlen_q, seqlen_k,
+    _bs_fwd_kernel[(cdiv(max_q, bm), batch * nheads)](
+        q, k, v, o, lse, seed, tab.row_full, tab.row_part, tab.row_idx, cu_q if varlen else lse,
+        cu_k if varlen else lse,
+        *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), slb, slh,
+        _lay_stride(tab.row_full), tab.row_idx.shape[-1], nheads, nheads // k.shape[-2], max_q, max_k,
         sm_scale * LOG2E, thresh, drop_scale,
         HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
-        PREFETCH=PREFETCH_INDEX, num_warps=warps, num_stages=stages,
+        VARLEN=varlen, IDX_WIDTH=_width(tab.row_idx) if varlen else 16, num_warps=warps, num_stages=stages,
     )
     return o, lse, seed
 
 
-def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p):
-    batch, seqlen_q, nheads, d = q.shape
-    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p, cu_q=None, cu_k=None,
+                 max_q=None, max_k=None):
+    varlen = cu_q is not None
+    nheads, d = q.shape[-2], q.shape[-1]
+    nheads_k = k.shape[-2]
     group = nheads // nheads_k
+    if varlen:
+        batch = cu_q.numel() - 1
+        lay_q, lay_k = layout.seqlen_q, layout.seqlen_k
+        slb, slh = 0, q.shape[0]
+    else:
+        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
+        lay_q, lay_k = max_q, max_k
+        slb, slh = lse.stride(0), lse.stride(1)
     if do.stride(-1) != 1:
         do = do.contiguous()
-    delta = bwd_preprocess(o, do)
+    delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     thresh, drop_scale = _drop_consts(dropout_p)
     bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", layout.block_size, d)
-    cols = compress_layout(layout, seqlen_q, seqlen_k, causal, bm1, bn1, q.device)
-    rows = compress_layout(layout, seqlen_q, seqlen_k, causal, bm2, bn2, q.device)
-    n_kv_tiles, n_q_tiles = cdiv(seqlen_k, bn1), cdiv(seqlen_q, bm2)
+    cols = compress_layout(layout, lay_q, lay_k, causal, bm1, bn1, q.device)
+    rows = compress_layout(layout, lay_q, lay_k, causal, bm2, bn2, q.device)
+    n_kv_tiles, n_q_tiles = cdiv(max_k, bn1), cdiv(max_q, bm2)
     args = (q, k, v, do, dq, dk, dv, lse, delta, seed,
             cols.col_full, cols.col_part, cols.col_idx, rows.row_full, rows.row_part, rows.row_idx,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],  # (batch, seq, head)
-            *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *lse.stride()[:2],
+            cu_q if varlen else lse, cu_k if varlen else lse,
+            *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen),
+            *_strides(dq, varlen), *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
             _lay_stride(cols.col_full), cols.col_idx.shape[-1], _lay_stride(rows.row_full), rows.row_idx.shape[-1],
-            n_kv_tiles, n_q_tiles, nheads, group, seqlen_q, seqlen_k, sm_scale, sm_scale * LOG2E, thresh,
-            drop_scale)
+            n_kv_tiles, n_q_tiles, nheads, group, max_q, max_k, sm_scale, sm_scale * LOG2E, thresh, drop_scale)
     consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2, BLOCK_N2=bn2,
-                  CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, PREFETCH=PREFETCH_INDEX, num_warps=warps,
-                  num_stages=stages)
+                  CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen,
+                  COL_WIDTH=_width(cols.col_idx) if varlen else 16, ROW_WIDTH=_width(rows.row_idx) if varlen else 16,
+                  num_warps=warps, num_stages=stages)
     bhk = batch * nheads_k
-    mode = BWD_MODE or TILES[64 if d <= 64 else 128]["bwd_mode"]
-    if mode == "streams" and not q.is_cuda:
-        mode = "split"
-
-    def launch(role, n_programs):
-        _bs_bwd_kernel[(n_programs, bhk)](*args, ROLE=role, **consts)
-
-    if mode == "fused":
-        launch(0, n_kv_tiles + group * n_q_tiles)
-    elif mode == "streams":
-        # dQ on a side stream, concurrent with dK/dV: neither kernel leaves its own tail wave.
-        main = torch.cuda.current_stream(q.device)
-        side = _side_stream(q.device)
-        side.wait_stream(main)
-        launch(1, n_kv_tiles)
-        with torch.cuda.stream(side):
-            launch(2, group * n_q_tiles)
-        main.wait_stream(side)
+    if _bwd_mode(d) == "fused":
+        _bs_bwd_kernel[(n_kv_tiles + group * n_q_tiles, bhk)](*args, ROLE=0, **consts)
     else:
-        launch(1, n_kv_tiles)
-        launch(2, group * n_q_tiles)
+        _bs_bwd_kernel[(n_kv_tiles, bhk)](*args, ROLE=1, **consts)
+        _bs_bwd_kernel[(group * n_q_tiles, bhk)](*args, ROLE=2, **consts)
     return dq, dk, dv
 
 
 class _BlockSparseAttnFunc(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p):
+    def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p, cu_q, cu_k, max_q, max_k):
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        o, lse, seed = _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p)
-        ctx.save_for_backward(q, k, v, o, lse, seed)
-        ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p = layout, causal, sm_scale, dropout_p
+        o, lse, seed = _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p, cu_q, cu_k, max_q, max_k)
+        ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
+        ctx.args = (layout, causal, sm_scale, dropout_p, max_q, max_k)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, seed = ctx.saved_tensors
-        dq, dk, dv = _bs_backward(do, q, k, v, o, lse, seed, ctx.layout, ctx.causal, ctx.sm_scale, ctx.dropout_p)
-        return dq, dk, dv, None, None, None, None
+        q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
+        layout, causal, sm_scale, dropout_p, max_q, max_k = ctx.args
+        dq, dk, dv = _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p, cu_q, cu_k,
+                                  max_q, max_k)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def blocksparse_attn_func(q, k, v, layout, block_size=None, dropout_p=0.0, softmax_scale=None, causal=False):
@@ -531,7 +614,38 @@ def blocksparse_attn_func(q, k, v, layout, block_size=None, dropout_p=0.0, softm
     lay = _as_layout(layout, block_size, nheads, seqlen_q, k.shape[1])
     causal = bool(causal) or lay.causal
     sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
-    return _BlockSparseAttnFunc.apply(q, k, v, lay, causal, sm_scale, float(dropout_p))
+    return _BlockSparseAttnFunc.apply(q, k, v, lay, causal, sm_scale, float(dropout_p), None, None, None, None)
+
+
+def blocksparse_attn_varlen_func(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 dropout_p=0.0, softmax_scale=None, causal=False, check_seqlens=True):
+    """Block-sparse attention over packed sequences of different lengths (padding removed).
+
+    q (total_q, nheads, headdim); k, v (total_k, nheads_k, headdim); cu_seqlens_* int32 (batch + 1,)
+    prefix sums of the lengths; max_seqlen_* the longest sequence (sizes the grid). layout: a
+    BlockSparseLayout built for the padded length (at least the longest sequence); it applies to each
+    sequence from that sequence's first token, i.e. sequence b uses the layout's top-left
+    ceil(len_b / block_size) blocks, exactly as the same sequence padded to the layout's length would
+    with its padding keys masked out. causal needs a square layout and, per sequence, as many queries
+    as keys (self-attention). check_seqlens=False skips the host-side check of cu_seqlens (one sync),
+    for callers that built them (kernels.padding.PackedBatch). Returns (total_q, nheads, headdim).
+    """
+    check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q if check_seqlens else None,
+                 cu_seqlens_k=cu_seqlens_k if check_seqlens else None, max_seqlen_q=max_seqlen_q,
+                 max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
+    nheads, d = q.shape[-2], q.shape[-1]
+    lay = _as_layout(layout, None, nheads, int(max_seqlen_q), int(max_seqlen_k), varlen=True)
+    causal = bool(causal) or lay.causal
+    if causal:
+        if lay.seqlen_q != lay.seqlen_k:
+            raise ValueError(f"causal varlen block-sparse attention needs a square layout, got "
+                             f"({lay.seqlen_q}, {lay.seqlen_k}) tokens")
+        if check_seqlens and cu_seqlens_q is not cu_seqlens_k and not torch.equal(cu_seqlens_q, cu_seqlens_k):
+            raise ValueError("causal varlen block-sparse attention needs equal query and key lengths per "
+                             "sequence (cu_seqlens_q == cu_seqlens_k)")
+    sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    return _BlockSparseAttnFunc.apply(q, k, v, lay, causal, sm_scale, float(dropout_p), cu_seqlens_q, cu_seqlens_k,
+                                      int(max_seqlen_q), int(max_seqlen_k))
 
 
 def blocksparse_reference(q, k, v, layout, block_size=None, softmax_scale=None, causal=False, dropout_p=0.0,

@@ -17,7 +17,6 @@ Algorithm
   the inputs' device, counter = (key index // 4, query index, batch * nheads + head, 0); its four 32-bit
   outputs serve four consecutive keys (one Philox call per 4 scores; see `dropout_keep`). Backward
   regenerates the same mask; no mask is stored. `dropout_keep_mask` returns the kernel's mask for tests.
-  FLASH_DROPOUT_RNG=philox1 (read at import) selects the previous stream, one call per score, for A/B runs.
 - Varlen (packed sequences, cu_seqlens) runs through the same kernels with the VARLEN constexpr.
 
 Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact under the
@@ -26,8 +25,7 @@ loads), any sequence lengths, GQA/MQA, strided inputs (last dim must be contiguo
 
 Launch configs: autotuned on the GPU over a small list per kernel, keyed on (power-of-two seqlen bucket,
 head dim, causal, varlen, dropout); FLASH_AUTOTUNE=0 uses one fixed config (GPU tests); under
-TRITON_INTERPRET=1 one 16x16 config. Causal grids run the heaviest query blocks first
-(FLASH_REVERSE=0 turns that off, for A/B timing).
+TRITON_INTERPRET=1 one 16x16 config. Causal grids run the heaviest query blocks first.
 
 Known limits: head dim 256 runs (tested with the fixed config) but is not tuned; varlen input checks
 read cu_seqlens on the host (one device sync per call); no attention bias / alibi / sliding window; the
@@ -62,12 +60,6 @@ def _interpreting() -> bool:
 # ---------------------------------------------------------------------------------------------------
 
 
-# Which dropout stream the kernels draw (A/B switch, read once at import): "philox4" (default) takes all
-# four 32-bit outputs of one Philox call for four consecutive keys; "philox1" is the previous scheme
-# (one call per score element, three of its four outputs thrown away). Both are documented below.
-_RNG4 = tl.constexpr(os.environ.get("FLASH_DROPOUT_RNG", "philox4") != "philox1")
-
-
 @triton.jit
 def dropout_keep(seed, bh, rows, cols, drop_thresh):
     """Dropout keep-mask for query indices `rows` and key indices `cols` of head `bh` (any shapes).
@@ -83,18 +75,12 @@ def dropout_keep(seed, bh, rows, cols, drop_thresh):
     the reference (dropout_keep_mask); the kernels use `dropout_keep_tile`, which draws the same bits
     with one Philox call per four keys instead of one per key.
     """
-    if _RNG4:
-        c0 = (cols >> 2) + rows * 0
-        c1 = rows + cols * 0
-        c2 = c0 * 0 + bh
-        x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
-        lane = (cols & 3) + rows * 0
-        r = tl.where(lane == 0, x0, tl.where(lane == 1, x1, tl.where(lane == 2, x2, x3)))
-    else:
-        c0 = cols + rows * 0
-        c1 = rows + cols * 0
-        c2 = c0 * 0 + bh
-        r, _, _, _ = tl.philox(seed, c0, c1, c2, c0 * 0)
+    c0 = (cols >> 2) + rows * 0
+    c1 = rows + cols * 0
+    c2 = c0 * 0 + bh
+    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
+    lane = (cols & 3) + rows * 0
+    r = tl.where(lane == 0, x0, tl.where(lane == 1, x1, tl.where(lane == 2, x2, x3)))
     r24 = (r >> 8).to(tl.int32)
     return r24 >= drop_thresh
 
@@ -108,18 +94,14 @@ def dropout_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.conste
     multiple of 4. One Philox call per (row, group of 4 keys); its four outputs are interleaved back
     into key order, so the result equals dropout_keep(seed, bh, rows[:, None], cols[None, :]).
     """
-    if _RNG4:
-        g = start_col // 4 + tl.arange(0, BLOCK_N // 4)
-        c0 = g[None, :] + rows[:, None] * 0
-        c1 = rows[:, None] + g[None, :] * 0
-        c2 = c0 * 0 + bh
-        x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
-        # interleave(interleave(x0, x2), interleave(x1, x3)) = x0, x1, x2, x3, x0, x1, ... along keys.
-        r = tl.interleave(tl.interleave(x0, x2), tl.interleave(x1, x3))
-        return (r >> 8).to(tl.int32) >= drop_thresh
-    else:
-        cols = start_col + tl.arange(0, BLOCK_N)
-        return dropout_keep(seed, bh, rows[:, None], cols[None, :], drop_thresh)
+    g = start_col // 4 + tl.arange(0, BLOCK_N // 4)
+    c0 = g[None, :] + rows[:, None] * 0
+    c1 = rows[:, None] + g[None, :] * 0
+    c2 = c0 * 0 + bh
+    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
+    # interleave(interleave(x0, x2), interleave(x1, x3)) = x0, x1, x2, x3, x0, x1, ... along keys.
+    r = tl.interleave(tl.interleave(x0, x2), tl.interleave(x1, x3))
+    return (r >> 8).to(tl.int32) >= drop_thresh
 
 
 @triton.jit
@@ -246,11 +228,8 @@ def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, str
     if HAS_DROPOUT:
         # Draw in the (query, key) orientation (four keys per Philox call), then transpose (as int8:
         # a layout shuffle through shared memory, cheaper than three more Philox calls per element).
-        if _RNG4:
-            keep = dropout_keep_tile(seed, bh, rows, tl.min(cols, 0), drop_thresh, cols.shape[0])
-            keepT = tl.trans(keep.to(tl.int8)) != 0
-        else:
-            keepT = dropout_keep(seed, bh, rows[None, :], cols[:, None], drop_thresh)
+        keep = dropout_keep_tile(seed, bh, rows, tl.min(cols, 0), drop_thresh, cols.shape[0])
+        keepT = tl.trans(keep.to(tl.int8)) != 0
         pdT = tl.where(keepT, pT * drop_scale, 0.0)
         dv = tl.dot(pdT.to(do.dtype), do, dv)
         dpT = tl.where(keepT, dpT * drop_scale, 0.0)
@@ -562,8 +541,6 @@ _DKDV_SHAPES = [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8,
                 (16, 64, 4, 4), (32, 128, 8, 2), (64, 64, 8, 2)]  # the last two: no / least spills at hd 128
 _DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 32, 4, 4),
               (64, 16, 4, 4)]
-# Causal: heaviest query blocks first (FLASH_REVERSE=0 turns it off, for A/B timing).
-_REVERSE = os.environ.get("FLASH_REVERSE", "1") == "1"
 _TUNE_KEY = ["TUNE_Q", "TUNE_K", "HEAD_DIM", "IS_CAUSAL", "VARLEN", "HAS_DROPOUT"]
 _INTERP_BLOCK = {"BLOCK_M": 16, "BLOCK_N": 16}
 
@@ -664,7 +641,7 @@ def check_inputs(q, k, v, varlen: bool = False, cu_seqlens_q=None, cu_seqlens_k=
         raise ValueError(f"head dim {headdim} is not supported: use a multiple of 8 between 8 and 256")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if varlen:
+    if varlen and cu_seqlens_q is not None:  # None: the caller built them (kernels.padding.PackedBatch)
         for name, cu, total, mx in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
                                     ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
             if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32:
@@ -774,7 +751,7 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
             drop_scale, *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen),
             slb, slh, _bucket(max_q), _bucket(max_k))
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
-                  HAS_DROPOUT=dropout_p > 0, REVERSE=causal and _REVERSE)
+                  HAS_DROPOUT=dropout_p > 0, REVERSE=causal)
     _launch("fwd", _fwd_kernel, _fwd_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts)
     return o, lse, seed
 
@@ -802,7 +779,7 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0)
     tune = (_bucket(max_q), _bucket(max_k))
-    dq_consts = dict(consts, REVERSE=causal and _REVERSE)
+    dq_consts = dict(consts, REVERSE=causal)
     _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
             (q, k, v, do, dk, dv, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
              *tune), consts)
@@ -850,14 +827,18 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p: float = 0.0,
-                           softmax_scale: float | None = None, causal: bool = False, return_lse: bool = False):
+                           softmax_scale: float | None = None, causal: bool = False, return_lse: bool = False,
+                           check_seqlens: bool = True):
     """Exact attention over packed sequences: q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim).
 
     cu_seqlens_q / cu_seqlens_k: int32 (batch + 1,) prefix sums of the sequence lengths; max_seqlen_*:
     the longest sequence (sizes the grid). With return_lse=True also returns lse (nheads, total_q) float32.
+    check_seqlens=False skips the host-side check of cu_seqlens (a device sync per call), for callers
+    that built them themselves (kernels.padding.PackedBatch, once per model forward).
     """
-    check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
+    check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q if check_seqlens else None,
+                 cu_seqlens_k=cu_seqlens_k if check_seqlens else None, max_seqlen_q=max_seqlen_q,
+                 max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = _FlashAttnFunc.apply(q, k, v, float(dropout_p), float(scale), bool(causal), True, cu_seqlens_q,
                                     cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))

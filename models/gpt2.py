@@ -1,13 +1,13 @@
-"""GPT-2 (Radford et al., 2019) with HuggingFace-compatible parameter names and shapes.
+"""GPT-2 (Radford et al., 2019) on the shared blocks of models/layers.py, HuggingFace-compatible.
 
-The state dict is key-for-key and shape-for-shape that of `transformers.GPT2LMHeadModel` (projections
-are stored (in, out) like HF's Conv1D), so `GPT2.from_pretrained(folder)` reads a checkpoint that HF
-saved and `save_pretrained(folder)` writes one HF reads back. Pre-LayerNorm blocks, GELU (tanh),
-tied input/output embeddings, residual projections initialised with std 0.02 / sqrt(2 * n_layer).
+Pre-LayerNorm blocks, GELU (tanh), learned positions, tied input/output embeddings, residual
+projections initialised with std 0.02 / sqrt(2 * n_layer). `GPT2.from_pretrained(folder)` reads a
+`transformers.GPT2LMHeadModel` checkpoint and `save_pretrained(folder)` writes one HF reads back: the
+HF names (transformer.h.{i}.attn.c_attn, ...) and HF's (in, out) Conv1D weights are mapped to the
+shared blocks' names and nn.Linear layout by `hf_state_dict` / `_from_hf_state_dict`.
 
-Attention is injected: `attention_factory(dropout=p)` builds one core per layer (a `kernels.attention`
-class, chosen by `configs/attn/*.yaml`); the block calls `core(q, k, v, causal=True)` on
-(batch, seqlen, heads, headdim) tensors and never asks which kind it holds.
+Attention is injected: `attention_factory(dropout=p)` builds one core per layer (a
+`kernels.attention` class, chosen by `configs/attn/*.yaml`); every layer calls it with causal=True.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from models.layers import Embeddings, Transformer, read_hf_weights, rename_state_dict, transformer_flops
 
 
 @dataclass
@@ -55,70 +56,25 @@ class GPT2Config:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-class Conv1D(nn.Module):
-    """A linear layer whose weight is stored (in, out), as in the original GPT-2 and HF checkpoints."""
-
-    def __init__(self, n_in: int, n_out: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(n_in, n_out))
-        self.bias = nn.Parameter(torch.zeros(n_out))
-
-    def forward(self, x):
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, cfg: GPT2Config, attention_factory: Callable[..., nn.Module]):
-        super().__init__()
-        self.n_head = cfg.n_head
-        self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd)
-        self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd)
-        self.core = attention_factory(dropout=cfg.attn_pdrop)
-        self.resid_dropout = nn.Dropout(cfg.resid_pdrop)
-
-    def forward(self, x):
-        b, n, d = x.shape
-        q, k, v = self.c_attn(x).view(b, n, 3, self.n_head, d // self.n_head).unbind(dim=2)
-        y = self.core(q, k, v, causal=True)
-        return self.resid_dropout(self.c_proj(y.reshape(b, n, d)))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: GPT2Config):
-        super().__init__()
-        self.c_fc = Conv1D(cfg.n_embd, 4 * cfg.n_embd)
-        self.c_proj = Conv1D(4 * cfg.n_embd, cfg.n_embd)
-        self.dropout = nn.Dropout(cfg.resid_pdrop)
-
-    def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: GPT2Config, attention_factory):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.attn = SelfAttention(cfg, attention_factory)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class Transformer(nn.Module):
-    def __init__(self, cfg: GPT2Config, attention_factory):
-        super().__init__()
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
-        self.drop = nn.Dropout(cfg.embd_pdrop)
-        self.h = nn.ModuleList(Block(cfg, attention_factory) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+# ours -> HF names; the Conv1D weights among them are stored transposed by HF.
+_HF_NAMES = [
+    (r"embed\.word\.weight", r"transformer.wte.weight"),
+    (r"embed\.position\.weight", r"transformer.wpe.weight"),
+    (r"transformer\.blocks\.(\d+)\.norm1\.(\w+)", r"transformer.h.\1.ln_1.\2"),
+    (r"transformer\.blocks\.(\d+)\.attn\.qkv\.(\w+)", r"transformer.h.\1.attn.c_attn.\2"),
+    (r"transformer\.blocks\.(\d+)\.attn\.out\.(\w+)", r"transformer.h.\1.attn.c_proj.\2"),
+    (r"transformer\.blocks\.(\d+)\.norm2\.(\w+)", r"transformer.h.\1.ln_2.\2"),
+    (r"transformer\.blocks\.(\d+)\.mlp\.fc1\.(\w+)", r"transformer.h.\1.mlp.c_fc.\2"),
+    (r"transformer\.blocks\.(\d+)\.mlp\.fc2\.(\w+)", r"transformer.h.\1.mlp.c_proj.\2"),
+    (r"transformer\.final_norm\.(\w+)", r"transformer.ln_f.\1"),
+]
+_HF_CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
 
 
 class GPT2(nn.Module):
     """GPT-2 language model: input_ids (batch, seqlen) -> logits (batch, seqlen, vocab)."""
+
+    causal = True
 
     def __init__(self, config: GPT2Config | None = None, attention_factory: Callable | None = None, **kwargs):
         super().__init__()
@@ -130,44 +86,64 @@ class GPT2(nn.Module):
             from kernels.attention import StandardAttention
 
             attention_factory = StandardAttention
-        self.config = config
-        self.transformer = Transformer(config, attention_factory)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied
+        c = self.config = config
+        self.embed = Embeddings(c.vocab_size, c.n_embd, c.n_positions, dropout=c.embd_pdrop)
+        self.transformer = Transformer(c.n_layer, c.n_embd, c.n_head, attention_factory, final_norm=True,
+                                       layer_norm_eps=c.layer_norm_epsilon, prenorm=True, activation="gelu_tanh",
+                                       attn_dropout=c.attn_pdrop, resid_dropout=c.resid_pdrop)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head.weight = self.embed.word.weight  # tied
         self.apply(self._init_weights)
         # Two residual branches per block add up, so their output projections start smaller (GPT-2 paper).
-        std = config.initializer_range / math.sqrt(2 * config.n_layer)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=std)
+        for block in self.transformer.blocks:
+            for proj in (block.attn.out, block.mlp.fc2):
+                nn.init.normal_(proj.weight, mean=0.0, std=c.initializer_range / math.sqrt(2 * c.n_layer))
 
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, (Conv1D, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-        if isinstance(module, Conv1D):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+        if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        n = input_ids.shape[1]
-        if n > self.config.n_positions:
-            raise ValueError(f"sequence length {n} exceeds the context size {self.config.n_positions}")
-        t = self.transformer
-        pos = torch.arange(n, device=input_ids.device)
-        x = t.drop(t.wte(input_ids) + t.wpe(pos))
-        for block in t.h:
-            x = block(x)
-        return self.lm_head(t.ln_f(x))
+        x, _ = self.transformer(self.embed(input_ids), causal=True)
+        return self.lm_head(x)
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Parameter count (tied embeddings counted once); the 6N of the FLOP estimate excludes wpe."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if exclude_position_embeddings else n
+        return n - self.embed.position.weight.numel() if exclude_position_embeddings else n
+
+    def flops(self, tokens, sum_sq_len) -> float:
+        """Training FLOPs of a batch of `tokens` tokens whose sequence lengths squared sum to sum_sq_len."""
+        c = self.config
+        return transformer_flops(self.num_params(), c.n_layer, c.n_head, c.head_dim, tokens, sum_sq_len, causal=True)
 
     # ---- HuggingFace checkpoint interchange -------------------------------------------------------
+    def hf_state_dict(self) -> dict:
+        """The state dict under GPT2LMHeadModel's names and layouts (lm_head.weight included, tied)."""
+        state = rename_state_dict(self.state_dict(), _HF_NAMES)
+        return {k: (v.t() if k.endswith(_HF_CONV1D) else v) for k, v in state.items()}
+
+    def _from_hf_state_dict(self, state: dict) -> dict:
+        """HF names and layouts -> ours; raises naming what is missing or unexpected."""
+        state = {k: v for k, v in state.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
+        ours_of = {hf: ours for ours, hf in zip(self.state_dict(), self.hf_state_dict())}
+        out, unexpected = {}, []
+        for k, v in state.items():
+            if k not in ours_of:
+                unexpected.append(k)
+                continue
+            out[ours_of[k]] = v.t() if k.endswith(_HF_CONV1D) else v
+        missing = sorted(set(ours_of.values()) - set(out))
+        if missing or unexpected:
+            raise ValueError(f"checkpoint does not match GPT-2: missing {missing}, unexpected {unexpected}")
+        return out
+
     @classmethod
     def from_pretrained(cls, folder: str, attention_factory: Callable | None = None, **overrides) -> "GPT2":
         """Load a GPT2LMHeadModel checkpoint saved with `save_pretrained` (config.json + weights)."""
@@ -175,12 +151,7 @@ class GPT2(nn.Module):
             hf = json.load(f)
         hf.update(overrides)
         model = cls(GPT2Config.from_hf_dict(hf), attention_factory)
-        state = _read_hf_weights(folder)
-        state = {k: v for k, v in state.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
-        state.setdefault("lm_head.weight", state["transformer.wte.weight"])
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"checkpoint does not match GPT-2: missing {missing}, unexpected {unexpected}")
+        model.load_state_dict(model._from_hf_state_dict(read_hf_weights(folder)))
         return model
 
     def save_pretrained(self, folder: str) -> None:
@@ -190,17 +161,5 @@ class GPT2(nn.Module):
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(self.config.to_hf_dict(), f, indent=2)
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items() if k != "lm_head.weight"}
+        state = {k: v.detach().contiguous() for k, v in self.hf_state_dict().items() if k != "lm_head.weight"}
         save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-
-
-def _read_hf_weights(folder: str) -> dict:
-    st = os.path.join(folder, "model.safetensors")
-    if os.path.exists(st):
-        from safetensors.torch import load_file
-
-        return load_file(st)
-    binf = os.path.join(folder, "pytorch_model.bin")
-    if os.path.exists(binf):
-        return torch.load(binf, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")

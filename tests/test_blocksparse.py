@@ -148,16 +148,16 @@ def test_rerun_is_bit_identical(device):
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.2])
 def test_backward_launch_modes_agree(device, monkeypatch, dropout_p):
-    # One fused launch, two launches, or two streams: the same programs, so bit-identical gradients
-    # (GQA, causal, ragged length, per-head layout; with dropout the seed is fixed for all three).
+    # One fused launch or two launches: the same programs, so bit-identical gradients (GQA, causal,
+    # ragged length, per-head layout; with dropout the seed is fixed for both).
     import kernels.blocksparse as B
 
     q, k, v = rand_inputs(1, 77, 77, 4, 2, 24, torch.float16, device, seed=12)
     lay = S.random(77, 77, 32, 0.5, nheads=4, seed=5)
     do = torch.randn_like(q)
     results = []
-    for mode in ("split", "fused", "streams"):
-        monkeypatch.setattr(B, "BWD_MODE", mode)
+    for mode in ("split", "fused"):
+        monkeypatch.setattr(B, "_bwd_mode", lambda head_dim: mode)
         torch.manual_seed(3)
         if device == "cuda":
             torch.cuda.manual_seed(3)
@@ -168,19 +168,98 @@ def test_backward_launch_modes_agree(device, monkeypatch, dropout_p):
         assert all(torch.equal(x, y) for x, y in zip(results[0][1], other[1]))
 
 
-def test_index_prefetch_is_the_same_computation(device, monkeypatch):
-    # Loading tile indices one iteration ahead changes only when addresses are known, not the result.
-    import kernels.blocksparse as B
+# ---- varlen: packed sequences of different lengths, the layout applied from each one's start ------
+def varlen_case(lengths, nheads, nheads_k, d, dtype, device, seed=0):
+    """Packed q/k/v (total, heads, d) leaves, cu_seqlens, and the per-sequence slices."""
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    mk = lambda h: torch.randn(total, h, d, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return mk(nheads), mk(nheads_k), mk(nheads_k), cu
 
-    q, k, v = rand_inputs(2, 70, 90, 2, 2, 16, torch.float32, device, seed=13)
-    lay = S.random(70, 90, 16, 0.4, nheads=2, seed=6)
+
+def varlen_reference(q, k, v, cu, layout, causal, dropout_masks=None, dropout_p=0.0):
+    """Each sequence alone through the dense reference with the layout's top-left corner."""
+    outs = []
+    bounds = cu.tolist()
+    for b in range(len(bounds) - 1):
+        s, e = bounds[b], bounds[b + 1]
+        n = e - s
+        mask = layout.to_dense()[:, :n, :n].to(q.device).unsqueeze(0)
+        dm = None if dropout_masks is None else dropout_masks[b:b + 1, :, :n, :n]
+        outs.append(_dense_reference(q[s:e][None], k[s:e][None], v[s:e][None], mask, causal or layout.causal, dm,
+                                dropout_p)[0])
+    return torch.cat(outs)
+
+
+def _dense_reference(q, k, v, mask, causal, dropout_mask, dropout_p):
+    from kernels.standard import standard_attention
+
+    return standard_attention(q, k, v, causal=causal, mask=mask, dropout_mask=dropout_mask, dropout_p=dropout_p)
+
+
+VARLEN_CASES = [
+    # lengths, nheads, nheads_k, d, block_size, causal, per_head
+    ([64, 37, 50], 2, 2, 16, 32, False, False),   # shorter sequences end inside a full tile
+    ([97, 16, 1, 64], 2, 1, 16, 16, True, True),  # one-token sequence, GQA, per-head layout
+    ([33, 80], 4, 2, 24, 32, True, True),          # head dim not a power of two
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=[str(c) for c in VARLEN_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_varlen_matches_per_sequence_reference(case, dtype, device):
+    from kernels.blocksparse import blocksparse_attn_varlen_func
+
+    lengths, h, hk, d, bs, causal, per_head = case
+    padded = max(lengths) + 19  # the layout is built for the padded length, longer than any sequence
+    layout = S.random(padded, padded, bs, 0.5, nheads=h if per_head else 1, seed=9)
+    layout.blocks[0, 1] = False  # an empty row for the sequences that reach it
+    q, k, v, cu = varlen_case(lengths, h, hk, d, dtype, device)
     do = torch.randn_like(q)
-    results = []
-    for prefetch in (True, False):
-        monkeypatch.setattr(B, "PREFETCH_INDEX", prefetch)
-        results.append(run(lambda x, y, z: blocksparse_attn_func(x, y, z, lay, causal=True), q, k, v, do))
-    assert torch.equal(results[0][0], results[1][0])
-    assert all(torch.equal(x, y) for x, y in zip(results[0][1], results[1][1]))
+    n = max(lengths)
+    ours = run(lambda a, b, c: blocksparse_attn_varlen_func(a, b, c, layout, cu, cu, n, n, causal=causal),
+               q, k, v, do)
+    up = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = run(lambda a, b, c: varlen_reference(a, b, c, cu, layout, causal), *up, do.double())
+    same = run(lambda a, b, c: varlen_reference(a, b, c, cu, layout, causal),
+               *[t.detach().clone().requires_grad_() for t in (q, k, v)], do)
+    floor = 1e-5 if dtype == torch.float32 else 2e-3
+    for name, o, r, s_, mult in zip(["out", "dq", "dk", "dv"], [ours[0], *ours[1]], [ref[0], *ref[1]],
+                                    [same[0], *same[1]], [2, 3, 3, 3]):
+        err = (o.double() - r).abs().max().item()
+        base = (s_.double() - r).abs().max().item()
+        assert err <= mult * base + floor, f"{name}: error {err:.3g} > {mult} x {base:.3g} + {floor}"
+
+
+def test_varlen_dropout_matches_dense_kernel_mask(device):
+    # Sequence b of the pack draws the dense kernel's mask of batch index b (same seed).
+    from kernels.blocksparse import blocksparse_attn_varlen_func
+
+    lengths, h, p = [40, 23], 2, 0.3
+    layout = S.random(48, 48, 16, 0.6, seed=2)
+    q, k, v, cu = varlen_case(lengths, h, h, 16, torch.float32, device, seed=3)
+    torch.manual_seed(5)
+    out = blocksparse_attn_varlen_func(q, k, v, layout, cu, cu, 40, 40, dropout_p=p, causal=True)
+    torch.manual_seed(5)
+    seed = draw_dropout_seed(q.device)
+    masks = dropout_keep_mask(seed, len(lengths), h, 40, 40, p)
+    ref = varlen_reference(q.detach(), k.detach(), v.detach(), cu, layout, True, masks, p)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_varlen_bad_inputs_raise(device):
+    from kernels.blocksparse import blocksparse_attn_varlen_func
+
+    q, k, v, cu = varlen_case([30, 20], 2, 2, 16, torch.float32, device)
+    small = S.local(16, 16, 16)
+    with pytest.raises(ValueError, match="build it for the padded length"):
+        blocksparse_attn_varlen_func(q, k, v, small, cu, cu, 30, 30)
+    with pytest.raises(TypeError, match="BlockSparseLayout"):
+        blocksparse_attn_varlen_func(q, k, v, torch.ones(1, 2, 2, dtype=torch.bool), cu, cu, 30, 30)
+    cu_k = torch.tensor([0, 20, 50], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="equal query and key lengths"):
+        blocksparse_attn_varlen_func(q, k, v, S.local(32, 32, 16), cu, cu_k, 30, 30, causal=True)
 
 
 def test_bad_layouts_raise(device):

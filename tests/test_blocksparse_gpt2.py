@@ -30,7 +30,7 @@ class MaskedReference(Attention):
         super().__init__(dropout, softmax_scale)
         self.twin = twin
 
-    def forward(self, q, k, v, causal=False, key_padding_mask=None):
+    def forward_padded(self, q, k, v, causal, key_padding_mask):
         mask = self.twin.layout(q.shape[1], k.shape[1], q.device).to_dense().unsqueeze(0)
         return standard_attention(q, k, v, causal=causal, mask=mask)
 
@@ -40,7 +40,7 @@ def test_gpt2_with_blocksparse_config_matches_masked_reference():
                                         "+attn.window=1", "+attn.n_global=1"])
     torch.manual_seed(0)
     model = GPT2(GPT2Config(**TINY), factory)
-    core = model.transformer.h[0].attn.core
+    core = model.transformer.blocks[0].attn.core
     assert isinstance(core, BlockSparseAttention) and core.block_size == 16
     ref = GPT2(GPT2Config(**TINY), lambda dropout: MaskedReference(core, dropout))
     ref.load_state_dict(model.state_dict())
@@ -55,9 +55,11 @@ def test_gpt2_with_blocksparse_config_matches_masked_reference():
     torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
     for (name, a), b in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=name)
-    # One layout per (seqlen_q, seqlen_k, device), reused by later calls (its compressed tables too).
-    assert list(core._layouts) == [(64, 64, "cpu")]
-    assert core._layouts[(64, 64, "cpu")]._cache
+    # One layout per (pattern, lengths, device), shared by every layer and reused by later calls (its
+    # compressed tables too).
+    layout = core.layout(64, 64, "cpu")
+    assert all(b.attn.core.layout(64, 64, "cpu") is layout for b in model.transformer.blocks)
+    assert layout._cache
 
 
 def test_gpt2_learns_a_few_steps_with_butterfly():
@@ -93,14 +95,22 @@ def test_train_entry_point_runs_blocksparse(tmp_path):
     assert (tmp_path / "metrics.csv").exists()
 
 
-def test_module_padding_fallback_and_config_errors():
+def test_module_padded_batch_runs_varlen_kernel_and_config_errors(monkeypatch):
+    import kernels.blocksparse as bs
+
+    calls = []
+    varlen = bs.blocksparse_attn_varlen_func
+    monkeypatch.setattr(bs, "blocksparse_attn_varlen_func", lambda *a, **kw: calls.append(1) or varlen(*a, **kw))
     core = BlockSparseAttention(pattern="local", block_size=16, window=0)
     q, k, v = (torch.randn(2, 40, 2, 16) for _ in range(3))
     pad = torch.ones(2, 40, dtype=torch.bool)
     pad[1, 30:] = False
     out = core(q, k, v, causal=True, key_padding_mask=pad)
+    assert calls == [1]  # the block-sparse varlen kernel, not a dense fallback
     mask = core.layout(40, 40, "cpu").to_dense().unsqueeze(0) & pad[:, None, None, :]
-    torch.testing.assert_close(out, standard_attention(q, k, v, causal=True, mask=mask))
+    ref = standard_attention(q, k, v, causal=True, mask=mask)
+    torch.testing.assert_close(out[pad], ref[pad], atol=1e-5, rtol=1e-5)
+    assert not out[~pad].any()  # padding rows are zero
     # An all-True padding mask takes the kernel path and gives the same answer.
     full_pad = torch.ones(2, 40, dtype=torch.bool)
     torch.testing.assert_close(core(q, k, v, causal=True, key_padding_mask=full_pad),

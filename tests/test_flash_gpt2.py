@@ -47,7 +47,7 @@ def test_gpt2_flash_matches_standard_loss(device):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     got, model = smoke_losses(flash, device, dtype)
     ref, _ = smoke_losses(attn_factory("standard"), device, dtype)
-    assert isinstance(model.transformer.h[0].attn.core, FlashAttention)
+    assert isinstance(model.transformer.blocks[0].attn.core, FlashAttention)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert got == pytest.approx(ref, abs=tol), (got, ref)
     assert got[-1] < got[0]  # it trains
@@ -59,7 +59,7 @@ def test_gpt2_flash_attention_dropout_only_in_training(device):
     ids = torch.randint(0, TINY["vocab_size"], (1, 16), device=device)
     model.eval()
     assert torch.equal(model(ids), model(ids))
-    assert model.transformer.h[0].attn.core.dropout_p == 0.0
+    assert model.transformer.blocks[0].attn.core.dropout_p == 0.0
     model.train()
     assert not torch.equal(model(ids), model(ids))  # fused attention dropout draws a new mask per call
     assert isinstance(StandardAttention(), torch.nn.Module)

@@ -20,9 +20,11 @@ def test_hf_checkpoint_round_trip(tmp_path):
     with torch.no_grad():
         ref = hf(x).logits
         torch.testing.assert_close(ours(x), ref, rtol=1e-5, atol=1e-5)
-    assert set(ours.state_dict()) == set(hf.state_dict())
-    for k, v in hf.state_dict().items():
-        assert ours.state_dict()[k].shape == v.shape, k
+    # Our parameter names are the shared blocks'; under HF's names every key and shape matches.
+    hf_names = {k: v for k, v in hf.state_dict().items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    assert set(ours.hf_state_dict()) == set(hf_names)
+    for k, v in hf_names.items():
+        assert ours.hf_state_dict()[k].shape == v.shape, k
     # and back: HF reads what we save, with the same function
     ours.save_pretrained(str(tmp_path / "ours"))
     hf2 = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "ours").eval()
@@ -45,22 +47,22 @@ def test_from_pretrained_rejects_mismatched_checkpoint(tmp_path):
 def test_gpt2_details():
     cfg = GPT2Config(**TINY, embd_pdrop=0.2, attn_pdrop=0.3, resid_pdrop=0.4)
     m = GPT2(cfg)
-    assert m.lm_head.weight is m.transformer.wte.weight  # tied
-    assert m.transformer.drop.p == 0.2
-    assert all(b.attn.core.dropout == 0.3 for b in m.transformer.h)
-    assert all(b.attn.resid_dropout.p == 0.4 and b.mlp.dropout.p == 0.4 for b in m.transformer.h)
+    assert m.lm_head.weight is m.embed.word.weight  # tied
+    assert m.embed.dropout.p == 0.2
+    assert all(b.attn.core.dropout == 0.3 for b in m.transformer.blocks)
+    assert all(b.dropout1.p == 0.4 and b.dropout2.p == 0.4 for b in m.transformer.blocks)
     # scaled init of the residual projections: std 0.02 / sqrt(2 L) vs 0.02 elsewhere
     big = GPT2(GPT2Config(vocab_size=101, n_positions=32, n_embd=256, n_layer=8, n_head=4))
-    std_proj = torch.cat([b.attn.c_proj.weight.flatten() for b in big.transformer.h]).std().item()
-    std_fc = torch.cat([b.mlp.c_fc.weight.flatten() for b in big.transformer.h]).std().item()
+    std_proj = torch.cat([b.attn.out.weight.flatten() for b in big.transformer.blocks]).std().item()
+    std_fc = torch.cat([b.mlp.fc1.weight.flatten() for b in big.transformer.blocks]).std().item()
     assert abs(std_proj - 0.02 / math.sqrt(16)) < 5e-4
     assert abs(std_fc - 0.02) < 1e-3
     # GELU is the tanh approximation (as in GPT-2), not the exact erf form
-    mlp = m.transformer.h[0].mlp.eval()
+    mlp = m.transformer.blocks[0].mlp.eval()
     x = torch.randn(3, 64)
-    h = x @ mlp.c_fc.weight + mlp.c_fc.bias
+    h = x @ mlp.fc1.weight.T + mlp.fc1.bias
     tanh_gelu = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
-    torch.testing.assert_close(mlp(x), tanh_gelu @ mlp.c_proj.weight + mlp.c_proj.bias)
+    torch.testing.assert_close(mlp(x), tanh_gelu @ mlp.fc2.weight.T + mlp.fc2.bias)
     assert GPT2().num_params() == 123_653_376  # GPT-2 small without position embeddings
 
 
@@ -68,7 +70,7 @@ def test_attention_is_injected_per_layer():
     calls, seen = [], []
 
     class Recording(StandardAttention):
-        def forward(self, q, k, v, causal=False, key_padding_mask=None):
+        def forward(self, q, k, v, causal=False, key_padding_mask=None, packed=None):
             seen.append((tuple(q.shape), causal))
             return super().forward(q, k, v, causal=causal)
 
@@ -80,7 +82,7 @@ def test_attention_is_injected_per_layer():
     m(torch.randint(0, 101, (2, 9)))
     assert calls == [0.05, 0.05]
     assert seen == [((2, 9, 4, 16), True)] * 2
-    assert len({id(b.attn.core) for b in m.transformer.h}) == 2  # one core per layer
+    assert len({id(b.attn.core) for b in m.transformer.blocks}) == 2  # one core per layer
 
 
 def test_standard_and_sdpa_agree_and_are_causal():
@@ -99,5 +101,5 @@ def test_standard_and_sdpa_agree_and_are_causal():
 
 
 def test_too_long_input_fails():
-    with pytest.raises(ValueError, match="context"):
+    with pytest.raises(ValueError, match="exceeds the 32 positions"):
         GPT2(**TINY)(torch.zeros(1, 33, dtype=torch.long))

@@ -1,0 +1,199 @@
+"""Transformer building blocks shared by every model family (GPT-2, BERT, the LRA classifiers).
+
+- `Embeddings`: token + learned position (+ token type) embeddings, optional LayerNorm, dropout.
+- `MultiHeadAttention`: fused QKV projection -> the injected attention core -> output projection.
+- `MLP`: two linear layers around GELU (exact erf, as BERT, or tanh, as GPT-2).
+- `Block`: attention and MLP sublayers with residuals, pre-LayerNorm (GPT-2) or post-LayerNorm (BERT).
+- `Transformer`: a stack of blocks that removes padding once per forward.
+
+Padding: `Transformer.forward(x, attention_mask)` builds one `kernels.padding.PackedBatch` from the mask,
+keeps only the real tokens, and runs every block on (total_tokens, hidden): LayerNorm, MLP and
+projections never touch padding, and each attention core gets the same PackedBatch (varlen kernels
+for flash/block-sparse, a padded path for standard/SDPA). Without a mask, blocks run on
+(batch, seqlen, hidden). Blocks work on either shape, since everything but attention is per token.
+
+Parameter names here are neutral (`qkv`, `out`, `fc1`, `fc2`, `norm1`, `norm2`); each model file maps
+them to and from its HuggingFace names (`rename_state_dict`) when it reads or writes HF checkpoints.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.padding import PackedBatch, unpad
+
+ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class Embeddings(nn.Module):
+    """input_ids (batch, seqlen) -> (batch, seqlen, dim): word + position (+ token type), then
+    LayerNorm (BERT) if `layer_norm_eps` is set, then dropout."""
+
+    def __init__(self, vocab_size: int, dim: int, max_positions: int, type_vocab_size: int = 0,
+                 dropout: float = 0.0, layer_norm_eps: float | None = None):
+        super().__init__()
+        self.word = nn.Embedding(vocab_size, dim)
+        self.position = nn.Embedding(max_positions, dim)
+        self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size else None
+        self.norm = nn.LayerNorm(dim, eps=layer_norm_eps) if layer_norm_eps else None
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        n = input_ids.shape[1]
+        if n > self.position.num_embeddings:
+            raise ValueError(f"sequence length {n} exceeds the {self.position.num_embeddings} positions "
+                             "the model was built with")
+        x = self.word(input_ids) + self.position(torch.arange(n, device=input_ids.device))
+        if self.token_type is not None:
+            x = x + (self.token_type(token_type_ids) if token_type_ids is not None else self.token_type.weight[0])
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)
+
+
+class MultiHeadAttention(nn.Module):
+    """x (..., dim) -> (..., dim); the core (a kernels.attention class) sees (..., heads, head_dim)."""
+
+    def __init__(self, dim: int, n_head: int, attention_factory: Callable[..., nn.Module], attn_dropout: float = 0.0):
+        super().__init__()
+        if dim % n_head:
+            raise ValueError(f"hidden size {dim} is not a multiple of the {n_head} heads")
+        self.n_head = n_head
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.core = attention_factory(dropout=attn_dropout)
+
+    def forward(self, x: torch.Tensor, causal: bool = False, packed: PackedBatch | None = None) -> torch.Tensor:
+        *lead, dim = x.shape
+        q, k, v = self.qkv(x).view(*lead, 3, self.n_head, dim // self.n_head).unbind(dim=-3)
+        return self.out(self.core(q, k, v, causal=causal, packed=packed).reshape(*lead, dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, activation: str = "gelu"):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.activation = activation
+        self._act = ACTIVATIONS[activation]
+
+    def forward(self, x):
+        return self.fc2(self._act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """One transformer layer. prenorm (GPT-2): x + f(LN(x)); postnorm (BERT): LN(x + f(x)).
+    Dropout (resid_dropout) on each sublayer's output before the residual add."""
+
+    def __init__(self, dim: int, n_head: int, attention_factory, hidden: int | None = None, prenorm: bool = True,
+                 activation: str = "gelu", attn_dropout: float = 0.0, resid_dropout: float = 0.0,
+                 layer_norm_eps: float = 1e-5):
+        super().__init__()
+        self.prenorm = prenorm
+        self.norm1 = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.attn = MultiHeadAttention(dim, n_head, attention_factory, attn_dropout)
+        self.norm2 = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.mlp = MLP(dim, hidden or 4 * dim, activation)
+        self.dropout1 = nn.Dropout(resid_dropout)
+        self.dropout2 = nn.Dropout(resid_dropout)
+
+    def forward(self, x, causal: bool = False, packed: PackedBatch | None = None):
+        if self.prenorm:
+            x = x + self.dropout1(self.attn(self.norm1(x), causal, packed))
+            return x + self.dropout2(self.mlp(self.norm2(x)))
+        x = self.norm1(x + self.dropout1(self.attn(x, causal, packed)))
+        return self.norm2(x + self.dropout2(self.mlp(x)))
+
+
+class Transformer(nn.Module):
+    """n_layer Blocks (+ a final LayerNorm for pre-norm stacks), padding removed once per forward."""
+
+    def __init__(self, n_layer: int, dim: int, n_head: int, attention_factory, final_norm: bool = False,
+                 layer_norm_eps: float = 1e-5, **block_kwargs):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(dim, n_head, attention_factory, layer_norm_eps=layer_norm_eps,
+                                          **block_kwargs) for _ in range(n_layer))
+        self.final_norm = nn.LayerNorm(dim, eps=layer_norm_eps) if final_norm else None
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, causal: bool = False):
+        """x (batch, seqlen, dim) -> (hidden, packed). With a mask: hidden (total_tokens, dim) and the
+        PackedBatch that locates them; without: hidden (batch, seqlen, dim) and None."""
+        packed = None
+        if attention_mask is not None:
+            packed = PackedBatch.from_mask(attention_mask)
+            x = unpad(x, packed)
+        for block in self.blocks:
+            x = block(x, causal, packed)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, packed
+
+
+# ---- heads' helpers on packed tokens -------------------------------------------------------------
+def pool(hidden: torch.Tensor, packed: PackedBatch | None, how: str) -> torch.Tensor:
+    """One vector per sequence: "cls" (its first token) or "mean" (over its real tokens)."""
+    if how not in ("cls", "mean"):
+        raise ValueError(f"unknown pooling {how!r}; choose 'cls' or 'mean'")
+    if packed is None:
+        return hidden[:, 0] if how == "cls" else hidden.mean(dim=1)
+    if how == "cls":
+        return hidden.index_select(0, packed.cu_seqlens[:-1].long())
+    seq_of_token = packed.indices // packed.seqlen
+    sums = hidden.new_zeros(packed.batch, hidden.shape[-1]).index_add_(0, seq_of_token, hidden)
+    return sums / packed.lengths.unsqueeze(1).to(hidden.dtype)
+
+
+def gather_positions(hidden: torch.Tensor, packed: PackedBatch | None, positions: torch.Tensor) -> torch.Tensor:
+    """hidden at padded positions (batch, P) -> (batch, P, dim). Positions that point at padding read
+    token 0 of the pack (callers give them no label)."""
+    if packed is None:
+        return hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    where = torch.zeros(packed.batch * packed.seqlen, dtype=torch.long, device=hidden.device)
+    where[packed.indices] = torch.arange(packed.total, device=hidden.device)
+    flat = positions + torch.arange(packed.batch, device=positions.device).unsqueeze(1) * packed.seqlen
+    return hidden.index_select(0, where[flat.flatten()]).view(*positions.shape, hidden.shape[-1])
+
+
+# ---- accounting and checkpoints ------------------------------------------------------------------
+def transformer_flops(n_params: int, n_layer: int, n_head: int, head_dim: int, tokens, sum_sq_len,
+                      causal: bool) -> float:
+    """Training FLOPs (forward + backward) of a batch: 6 N per token for the weights (Kaplan et al.,
+    2020) plus 12 L H Q T per token for attention scores and values (PaLM, appendix B), where a
+    sequence of T tokens contributes T * T, so the batch term uses the sum of squared lengths. Causal
+    halves it: half the score matrix is masked and a kernel may skip it."""
+    attention = 12 * n_layer * n_head * head_dim * float(sum_sq_len)
+    return 6.0 * n_params * float(tokens) + (attention / 2 if causal else attention)
+
+
+def rename_state_dict(state: dict, rules: list[tuple[str, str]]) -> dict:
+    """Rename keys by the first matching (regex, replacement) rule; unmatched keys are kept."""
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in rules:
+            new, n = re.subn(f"^{pattern}$", repl, key)
+            if n:
+                key = new
+                break
+        out[key] = value
+    return out
+
+
+def read_hf_weights(folder: str) -> dict:
+    """The state dict of a HuggingFace checkpoint folder (model.safetensors or pytorch_model.bin)."""
+    import os
+
+    st = os.path.join(folder, "model.safetensors")
+    if os.path.exists(st):
+        from safetensors.torch import load_file
+
+        return load_file(st)
+    binf = os.path.join(folder, "pytorch_model.bin")
+    if os.path.exists(binf):
+        return torch.load(binf, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
