@@ -49,11 +49,12 @@ def test_model_sizes_and_experiment_inheritance():
     small, medium = cfg_for("model=gpt2").model, cfg_for("model=gpt2-medium").model
     assert (small.n_layer, small.n_embd, small.n_head, small.n_positions, small.vocab_size) == (12, 768, 12, 1024, 50257)
     assert (medium.n_layer, medium.n_embd, medium.n_head) == (24, 1024, 16)
-    e = cfg_for("experiment=gpt2m-corpus", "attn=sdpa")
-    assert e.model.n_layer == 24 and e.optim.lr == 1.5e-4 and e.global_batch_size == 512
+    e = cfg_for("experiment=gpt2/medium-corpus", "attn=sdpa")
+    assert e.model.n_layer == 24 and e.optimizer.lr == 1.5e-4 and e.global_batch_size == 512
     assert e.data.batch_size == 8 and e.data.source == "corpus" and e.attn._target_.endswith("SDPAttention")
-    s = cfg_for("experiment=gpt2s-corpus")
-    assert s.optim.lr == 6e-4 and s.optim.weight_decay == 0.1 and list(s.optim.betas) == [0.9, 0.95]
+    s = cfg_for("experiment=gpt2/small-corpus")
+    assert s.optimizer.lr == 6e-4 and s.optimizer.weight_decay == 0.1 and list(s.optimizer.betas) == [0.9, 0.95]
+    assert s.optimizer.eps == 1e-8 and s.scheduler.warmup_steps == 2000 and s.scheduler.min_lr_ratio == 0.1
     assert s.trainer.gradient_clip_val == 1.0 and s.data.val_fraction == 0.005
 
 

@@ -6,7 +6,7 @@ import torch
 
 from train.callbacks import detect_peak_flops, flops_per_token
 from train.metrics import Perplexity
-from train.task import warmup_cosine
+from train.optim import warmup_cosine
 
 
 def test_perplexity_hand_computed():

@@ -59,7 +59,7 @@ def test_smoke_cli_writes_everything_under_run_dir(embedded_data, tmp_path):
 def test_resume_continues_the_same_curve(embedded_data, tmp_path):
     common = ["trainer.max_steps=8", "callbacks.checkpoint.every_n_train_steps=4",
               "trainer.log_every_n_steps=1", "trainer.limit_val_batches=2", "eval_every_steps=8",
-              "optim.warmup_steps=3"]
+              "scheduler.warmup_steps=3"]
     trainer_a, _ = run_inprocess(common, tmp_path / "a")
     ckpt = tmp_path / "a" / "checkpoints" / "step0000004.ckpt"
     assert ckpt.exists()
@@ -77,9 +77,9 @@ def test_resume_continues_the_same_curve(embedded_data, tmp_path):
 
 
 @pytest.mark.parametrize("overrides", [
-    ["experiment=gpt2s-corpus"],
-    ["experiment=gpt2m-corpus"],
-    ["experiment=gpt2s-embedded"],
+    ["experiment=gpt2/small-corpus"],
+    ["experiment=gpt2/medium-corpus"],
+    ["experiment=gpt2/small-embedded"],
     ["model=gpt2-medium", "attn=sdpa"],
 ])
 def test_every_experiment_and_model_config_runs(embedded_data, tmp_path, overrides):

@@ -1,9 +1,12 @@
-"""Speed, model-FLOPs utilisation and memory logging, the same way for every attention kind.
+"""Speed, model-FLOPs utilisation and memory logging, the same way for every model family.
 
-FLOPs per trained token = 6 N + 12 L H Q T (Kaplan et al., 2020; PaLM appendix B): N parameters
-without the position embeddings, L layers, H heads, Q head dim, T sequence length; the attention
-term is halved when causal, since half the score matrix is masked out and a kernel may skip it.
-MFU divides achieved FLOP/s by the GPU's dense bf16 peak (`peak_flops`, or detected from the name).
+Tokens are real tokens: the task's `batch_tokens(batch)` returns, per micro-batch, the count of
+non-padding tokens and the sum of squared sequence lengths (device tensors, so no host sync per step),
+and the model's `flops(tokens, sum_sq_len)` turns a window's totals into training FLOPs (forward +
+backward): 6 N tokens + 12 L H Q sum_sq_len (Kaplan et al., 2020; PaLM appendix B), the attention
+term halved when causal. The formula is linear in both counts, so one call per window is exact.
+tokens/s sums every rank; MFU divides the achieved FLOP/s per GPU by its dense bf16 peak
+(`peak_flops`, or detected from the device name).
 """
 from __future__ import annotations
 
@@ -36,22 +39,40 @@ def detect_peak_flops(device_name: str | None = None) -> float | None:
     return None
 
 
+def transformer_flops(n_params: int, n_layer: int, n_head: int, head_dim: int, tokens, sum_sq_len,
+                      causal: bool) -> float:
+    """Training FLOPs of `tokens` tokens in sequences whose squared lengths sum to `sum_sq_len`."""
+    attn = 12 * n_layer * n_head * head_dim * sum_sq_len
+    return 6 * n_params * tokens + (attn / 2 if causal else attn)
+
+
 def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int,
                     causal: bool = True) -> float:
-    attn = 12 * n_layer * n_head * head_dim * seq_len
-    return 6 * n_params + (attn / 2 if causal else attn)
+    """Per token of full-length sequences of seq_len tokens."""
+    return transformer_flops(n_params, n_layer, n_head, head_dim, seq_len, seq_len**2, causal) / seq_len
+
+
+def model_flops(model, tokens, sum_sq_len) -> float | None:
+    """model.flops(tokens, sum_sq_len); for a model without it that has GPT-2's config, the causal formula."""
+    if hasattr(model, "flops"):
+        return float(model.flops(tokens, sum_sq_len))
+    c = getattr(model, "config", None)
+    if c is None or not hasattr(model, "num_params"):
+        return None
+    return transformer_flops(model.num_params(), c.n_layer, c.n_head, c.head_dim, tokens, sum_sq_len, causal=True)
 
 
 class SpeedMonitor(L.Callback):
     """Logs perf/tokens_per_s, perf/step_time_ms, perf/mfu and perf/peak_mem_gib every `every` steps.
 
-    Time is measured over whole windows of optimizer steps with one device sync at each window edge,
-    so logging costs one sync per window, not per step. The first window (compilation, cudnn autotune,
-    allocator growth) is logged but kept out of `history`'s steady-state mean.
+    Time is measured over whole windows of optimizer steps with one device sync at each window edge
+    (and, with several ranks, one all-reduce of the token counts), so logging costs one sync per
+    window, not per step. The first window (compilation, cudnn autotune, allocator growth) is logged
+    but kept out of `steady_state()`.
     """
 
-    def __init__(self, every: int = 10, peak_flops: float | None = None, causal: bool = True):
-        self.every, self.peak_flops, self.causal = every, peak_flops, causal
+    def __init__(self, every: int = 10, peak_flops: float | None = None):
+        self.every, self.peak_flops = every, peak_flops
         self.history: list[dict] = []
 
     def _sync(self, pl_module):
@@ -61,11 +82,7 @@ class SpeedMonitor(L.Callback):
     def on_train_start(self, trainer, pl_module):
         if self.peak_flops is None and pl_module.device.type == "cuda":
             self.peak_flops = detect_peak_flops(torch.cuda.get_device_name(pl_module.device))
-        m = pl_module.model
-        c = m.config
-        self.flops_per_token = flops_per_token(m.num_params(), c.n_layer, c.n_head, c.head_dim,
-                                               trainer.datamodule.seq_len, self.causal)
-        self._tokens = 0
+        self._tokens = self._sum_sq = 0
         self._world_size = trainer.world_size
         self._last_step = trainer.global_step
         self._sync(pl_module)
@@ -74,27 +91,36 @@ class SpeedMonitor(L.Callback):
             torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._tokens += (batch.shape[1] - 1) * batch.shape[0] * trainer.world_size
+        tokens, sum_sq = pl_module.batch_tokens(batch)
+        self._tokens, self._sum_sq = self._tokens + tokens, self._sum_sq + sum_sq
         step = trainer.global_step
         if step == self._last_step or step % self.every != 0:
             return
+        counts = torch.stack([torch.as_tensor(c, dtype=torch.int64, device=pl_module.device)
+                              for c in (self._tokens, self._sum_sq)])
+        counts = trainer.strategy.reduce(counts, reduce_op="sum")  # every rank's tokens
+        tokens, sum_sq = (int(v) for v in counts.tolist())  # the window's one host sync
         self._sync(pl_module)
         now = time.perf_counter()
         dt = now - self._t0
         steps = step - self._last_step
-        rec = {"step": step, "steps": steps, "seconds": dt, "tokens": self._tokens,
-               "tokens_per_s": self._tokens / dt, "step_time_ms": 1000 * dt / steps}
+        rec = {"step": step, "steps": steps, "seconds": dt, "tokens": tokens, "sum_sq_len": sum_sq,
+               "tokens_per_s": tokens / dt, "step_time_ms": 1000 * dt / steps}
         metrics = {"perf/tokens_per_s": rec["tokens_per_s"], "perf/step_time_ms": rec["step_time_ms"]}
-        if self.peak_flops:
-            rec["mfu"] = self.flops_per_token * rec["tokens_per_s"] / trainer.world_size / self.peak_flops
-            metrics["perf/mfu"] = rec["mfu"]
+        flops = model_flops(pl_module.model, tokens, sum_sq)
+        if flops is not None:
+            rec["flops"] = flops
+            if self.peak_flops:
+                rec["mfu"] = flops / dt / self._world_size / self.peak_flops
+                metrics["perf/mfu"] = rec["mfu"]
         if pl_module.device.type == "cuda":
             rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
             metrics["perf/peak_mem_gib"] = rec["peak_mem_gib"]
         self.history.append(rec)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False)
         pl_module.log("tok/s", rec["tokens_per_s"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
-        self._tokens, self._last_step = 0, step
+        self._tokens = self._sum_sq = 0
+        self._last_step = step
         self._t0 = time.perf_counter()
 
     def steady_state(self) -> dict:
@@ -104,9 +130,9 @@ class SpeedMonitor(L.Callback):
             return {}
         tok, sec, steps = (sum(r[k] for r in rows) for k in ("tokens", "seconds", "steps"))
         out = {"tokens_per_s": tok / sec, "step_time_ms": 1000 * sec / steps}
-        if self.peak_flops:
-            # tokens_per_s counts every rank; MFU is per GPU, as in the per-window records.
-            out["mfu"] = self.flops_per_token * out["tokens_per_s"] / self._world_size / self.peak_flops
+        if self.peak_flops and all("flops" in r for r in rows):
+            # FLOPs count every rank; MFU is per GPU, as in the per-window records.
+            out["mfu"] = sum(r["flops"] for r in rows) / sec / self._world_size / self.peak_flops
         if "peak_mem_gib" in rows[-1]:
             out["peak_mem_gib"] = max(r["peak_mem_gib"] for r in rows)
         return out

@@ -221,31 +221,46 @@ class ResumableSampler(torch.utils.data.Sampler):
         return max(0, (self.total - self.start - self.rank + self.world - 1) // self.world)
 
 
-# ---- LightningDataModule -------------------------------------------------------------------------
+class ShardSampler(torch.utils.data.Sampler):
+    """Evaluation: rank r of w visits samples r, r + w, ..., so the ranks together see every sample once.
+
+    Unlike DistributedSampler nothing is repeated to even out the shards: the split metrics are sums
+    and counts, exact however unevenly the ranks share the samples.
+    """
+
+    def __init__(self, n: int, rank: int = 0, world_size: int = 1):
+        self.n, self.rank, self.world = n, rank, world_size
+
+    def __iter__(self):
+        return iter(range(self.rank, self.n, self.world))
+
+    def __len__(self):
+        return len(range(self.rank, self.n, self.world))
+
+
+# ---- LightningDataModules ------------------------------------------------------------------------
 import lightning as L  # noqa: E402
 
 
-class LMDataModule(L.LightningDataModule):
-    """Language-modelling batches (batch, seq_len + 1) of token ids from train.bin / val.bin."""
+class ResumableDataModule(L.LightningDataModule):
+    """What every datamodule shares: training sample i is a pure function of (seed, i), read in order
+    from `samples_seen` (checkpointed), strided over ranks; evaluation splits sharded over ranks.
 
-    def __init__(self, data_dir: str, source: str = "corpus", seq_len: int = 1024, batch_size: int = 16,
-                 eval_batch_size: int | None = None, num_workers: int = 2, seed: int = 1234,
-                 num_samples: int | None = None, val_fraction: float = 0.005, prepare_num_proc: int | None = None):
+    Subclasses build the datasets; `num_samples` (set by run.py: max_steps x accumulation x
+    micro-batch x world size) is the length of the training stream.
+    """
+
+    def __init__(self, batch_size: int = 16, eval_batch_size: int | None = None, num_workers: int = 2,
+                 seed: int = 1234, num_samples: int | None = None):
         super().__init__()
-        self.data_dir, self.source, self.seq_len = str(data_dir), source, seq_len
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
-        self.num_workers, self.seed, self.val_fraction = num_workers, seed, val_fraction
-        self.num_samples = num_samples  # set by run.py: max_steps * accumulation * batch_size * world
-        self.prepare_num_proc = prepare_num_proc
+        self.num_workers, self.seed = num_workers, seed
+        self.num_samples = num_samples
         self.samples_seen = 0
 
-    def prepare_data(self):
-        if self.source == "embedded":
-            prepare_embedded(self.data_dir, val_fraction=self.val_fraction, num_proc=self.prepare_num_proc)
-
-    def setup(self, stage=None):
-        self.train_tokens = load_tokens(self.data_dir, "train", self.source)
-        self.val_tokens = load_tokens(self.data_dir, "val", self.source)
+    @property
+    def _rank_world(self):
+        return (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
 
     def _loader(self, ds, batch_size, sampler=None):
         return torch.utils.data.DataLoader(
@@ -253,15 +268,11 @@ class LMDataModule(L.LightningDataModule):
             pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0,
         )
 
-    def train_dataloader(self):
-        total = self.num_samples or 10**12
-        ds = TrainWindows(self.train_tokens, self.seq_len, self.seed, total)
-        rank = self.trainer.global_rank if self.trainer else 0
-        world = self.trainer.world_size if self.trainer else 1
-        return self._loader(ds, self.batch_size, ResumableSampler(total, self.samples_seen, rank, world))
+    def train_loader(self, ds):
+        return self._loader(ds, self.batch_size, ResumableSampler(len(ds), self.samples_seen, *self._rank_world))
 
-    def val_dataloader(self):
-        return self._loader(EvalWindows(self.val_tokens, self.seq_len), self.eval_batch_size)
+    def eval_loader(self, ds):
+        return self._loader(ds, self.eval_batch_size, ShardSampler(len(ds), *self._rank_world))
 
     def state_dict(self):
         # Checkpoints are written after optimizer steps, so this counts exactly the samples consumed.
@@ -271,3 +282,28 @@ class LMDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state):
         self.samples_seen = int(state["samples_seen"])
+
+
+class LMDataModule(ResumableDataModule):
+    """Language-modelling batches (batch, seq_len + 1) of token ids from train.bin / val.bin."""
+
+    def __init__(self, data_dir: str, source: str = "corpus", seq_len: int = 1024, batch_size: int = 16,
+                 eval_batch_size: int | None = None, num_workers: int = 2, seed: int = 1234,
+                 num_samples: int | None = None, val_fraction: float = 0.005, prepare_num_proc: int | None = None):
+        super().__init__(batch_size, eval_batch_size, num_workers, seed, num_samples)
+        self.data_dir, self.source, self.seq_len = str(data_dir), source, seq_len
+        self.val_fraction, self.prepare_num_proc = val_fraction, prepare_num_proc
+
+    def prepare_data(self):
+        if self.source == "embedded":
+            prepare_embedded(self.data_dir, val_fraction=self.val_fraction, num_proc=self.prepare_num_proc)
+
+    def setup(self, stage=None):
+        self.train_tokens = load_tokens(self.data_dir, "train", self.source)
+        self.val_tokens = load_tokens(self.data_dir, "val", self.source)
+
+    def train_dataloader(self):
+        return self.train_loader(TrainWindows(self.train_tokens, self.seq_len, self.seed, self.num_samples or 10**12))
+
+    def val_dataloader(self):
+        return self.eval_loader(EvalWindows(self.val_tokens, self.seq_len))

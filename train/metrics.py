@@ -1,19 +1,18 @@
-"""Perplexity as exp(mean token NLL) over a whole split, summed in float64 across batches and ranks."""
-from __future__ import annotations
+"""Split-level metrics accumulated exactly: sums and counts (float64 / int64) over every batch and rank,
+divided once at the end, so a short last batch or an uneven shard weighs what its examples weigh.
 
-import math
+MeanNLL: mean cross-entropy over the non-ignored targets (val/loss, val/mlm_loss); Perplexity: the
+same plus exp of it (val/ppl); Accuracy: correct / counted (val/acc, val/mlm_acc, val/nsp_acc).
+"""
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 
 
-class Perplexity(Metric):
-    """update(logits (..., V), targets (...)) accumulates; compute() -> (mean NLL, exp(mean NLL)).
-
-    Averaging per-batch losses would weight a short last batch like a full one; summing token NLLs in
-    float64 and dividing once gives the exact corpus-level number however the split is batched.
-    """
+class MeanNLL(Metric):
+    """update(logits (..., V), targets (...)) accumulates; compute() -> mean NLL (float64)."""
 
     full_state_update = False
 
@@ -32,10 +31,39 @@ class Perplexity(Metric):
 
     def compute(self):
         if self.count == 0:
-            raise ValueError("perplexity of an empty split")
-        mean = self.nll_sum / self.count
+            raise ValueError(f"{type(self).__name__} of an empty split")
+        return self.nll_sum / self.count
+
+
+class Perplexity(MeanNLL):
+    """compute() -> (mean NLL, exp(mean NLL)).
+
+    Averaging per-batch losses would weight a short last batch like a full one; summing token NLLs in
+    float64 and dividing once gives the exact corpus-level number however the split is batched.
+    """
+
+    def compute(self):
+        mean = super().compute()
         return mean, torch.exp(mean)
 
 
-def perplexity_from_nll(nll_sum: float, count: int) -> float:
-    return math.exp(nll_sum / count)
+class Accuracy(Metric):
+    """update(logits (..., C), targets (...)): argmax hits over the non-ignored targets; compute() -> ratio."""
+
+    full_state_update = False
+
+    def __init__(self, ignore_index: int = -100):
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.add_state("correct", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        valid = targets != self.ignore_index
+        self.correct += ((logits.argmax(-1) == targets) & valid).sum()
+        self.count += valid.sum()
+
+    def compute(self):
+        if self.count == 0:
+            raise ValueError("accuracy of an empty split")
+        return self.correct.double() / self.count

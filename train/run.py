@@ -1,13 +1,16 @@
-"""Train a language model with the attention implementation chosen on the command line.
+"""Train any model family with the attention implementation chosen on the command line.
 
-    python train/run.py model=gpt2 attn=standard                      # GPT-2 small, embedded corpus
+    python train/run.py model=gpt2 attn=flash                          # GPT-2 small, embedded corpus
     python train/run.py model=gpt2 attn=sdpa data=corpus compile=true  # after scripts/prepare_corpus.py
-    python train/run.py experiment=gpt2s-corpus attn=flash             # the paper-style GPT-2 small run
-    python train/run.py debug=smoke hydra.run.dir=/tmp/smoke           # 20 tiny steps on a CPU (< 1 min)
+    python train/run.py experiment=gpt2/small-corpus attn=flash        # the paper-style GPT-2 small run
+    python train/run.py experiment=synthetic/mlm attn=flash            # masked LM on synthetic padded batches
+    python train/run.py debug=smoke hydra.run.dir=/tmp/smoke           # 20 tiny steps on a CPU (any experiment)
     python train/run.py ... ckpt_path=outputs/<run>/checkpoints/last.ckpt   # resume the same curve
+    python train/run.py trainer=ddp trainer.devices=2 ...              # data-parallel on 2 GPUs
 
-Config groups (configs/): model, attn, data, trainer, optim, logger, callbacks, experiment, debug.
-Everything a run writes (metrics.csv, checkpoints, wandb, .hydra) lands under hydra.run.dir.
+Config groups (configs/): task, model, attn, data, trainer, optimizer, scheduler, logger, callbacks,
+experiment, debug. Everything a run writes (metrics.csv, checkpoints, wandb, .hydra) lands under
+hydra.run.dir.
 """
 from __future__ import annotations
 
@@ -27,12 +30,25 @@ from train.config import register_resolvers  # noqa: E402
 register_resolvers()
 
 
+def world_size(trainer_cfg) -> int:
+    """Processes the Trainer will start: devices (an int, a list, or -1/"auto" on GPUs) x num_nodes."""
+    import torch
+
+    devices = trainer_cfg.get("devices", 1)
+    if devices in (-1, "-1", "auto"):
+        on_gpu = torch.cuda.is_available() and trainer_cfg.get("accelerator", "auto") in ("auto", "gpu", "cuda")
+        devices = torch.cuda.device_count() if on_gpu else 1
+    elif not isinstance(devices, int):
+        devices = len(devices) if not isinstance(devices, str) else len(devices.strip(",").split(","))
+    return devices * int(trainer_cfg.get("num_nodes", 1))
+
+
 def build(cfg: DictConfig):
     """Instantiate (datamodule, task, trainer) from a composed config; no side effects beyond that."""
     import torch
 
     on_gpu = torch.cuda.is_available() and cfg.trainer.get("accelerator", "auto") in ("auto", "gpu", "cuda")
-    world = int(cfg.trainer.get("devices", 1)) if on_gpu and str(cfg.trainer.get("devices")) != "auto" else 1
+    world = world_size(cfg.trainer)
 
     micro = cfg.data.batch_size
     accum = 1
@@ -51,10 +67,9 @@ def build(cfg: DictConfig):
 
     attention_factory = instantiate(cfg.attn)
     model = instantiate(cfg.model, attention_factory=attention_factory)
-    from train.task import LMTask
-
-    task = LMTask(model, **OmegaConf.to_container(cfg.optim, resolve=True), max_steps=cfg.trainer.max_steps,
-                  compile=cfg.compile, seed=cfg.seed)
+    task = instantiate(cfg.task, model=model, optimizer=instantiate(cfg.optimizer),
+                       scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+                       compile=cfg.compile, seed=cfg.seed)
     datamodule = instantiate(cfg.data, num_samples=cfg.trainer.max_steps * accum * micro * world)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
@@ -71,9 +86,17 @@ def build(cfg: DictConfig):
     return datamodule, task, trainer
 
 
+def has_test_split(datamodule, task) -> bool:
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    return is_overridden("test_dataloader", datamodule) and is_overridden("test_step", task)
+
+
 def train(cfg: DictConfig):
     datamodule, task, trainer = build(cfg)
     trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    if cfg.get("test_after_fit") and has_test_split(datamodule, task):
+        trainer.test(task, datamodule=datamodule)  # the weights training ended with
     return trainer, task
 
 
@@ -83,7 +106,7 @@ def main(cfg: DictConfig):
         print(OmegaConf.to_yaml(cfg, resolve=True))
     os.makedirs(cfg.output_dir, exist_ok=True)
     trainer, _ = train(cfg)
-    final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "train/"))}
+    final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "train/", "test/"))}
     from train.callbacks import SpeedMonitor
 
     speed = next((c.steady_state() for c in trainer.callbacks if isinstance(c, SpeedMonitor)), {})

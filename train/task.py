@@ -1,44 +1,125 @@
-"""The LightningModule for causal language modelling: loss, AdamW + warmup/cosine, val perplexity."""
+"""The LightningModules: `Task` holds the optimisation every family shares, one subclass per objective.
+
+    task=lm              LMTask: causal LM on (B, T + 1) token windows; train/loss, val/loss, val/ppl
+    task=mlm             MLMTask: masked LM (+ optional next-sentence prediction) on padded dict batches
+    task=classification  ClassificationTask: sequence classification, one input or two (retrieval)
+
+Shared (Task): the optimizer and scheduler partials of configs/optimizer and configs/scheduler (weight
+decay on matrices and embeddings only), global-norm gradient clipping that works with a fused AdamW,
+per-micro-batch reseeding (a resumed run draws the dropout masks an uninterrupted one would), in-place
+torch.compile, and `batch_tokens`, the real-token count the speed/MFU callback reads.
+
+Validation and test metrics are sums and counts over the whole split (train/metrics.py), synced over
+ranks when computed; nothing is averaged over batches.
+"""
 from __future__ import annotations
 
-import math
+import functools
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.metrics import Perplexity
+from train.metrics import Accuracy, MeanNLL, Perplexity
+from train.optim import adamw, no_decay_names, param_groups
+
+IGNORE = -100  # label of the positions a loss skips (unused MLM slots), as in torch's cross_entropy
 
 
-def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
-    """LR multiplier: linear warmup from 0 to 1 over warmup_steps, then cosine down to min_lr_ratio."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+def _describe(factory) -> dict | None:
+    """A partial as plain hyperparameters ({_target_, keyword: value}) for the loggers."""
+    if factory is None:
+        return None
+    if not isinstance(factory, functools.partial):
+        return {"_target_": repr(factory)}
+    f = factory.func
+    kw = {k: (list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else v)
+          for k, v in factory.keywords.items()}
+    return {"_target_": f"{f.__module__}.{f.__qualname__}", **kw}
 
 
-class LMTask(L.LightningModule):
-    def __init__(self, model: nn.Module, lr: float = 6e-4, weight_decay: float = 0.1,
-                 betas=(0.9, 0.95), eps: float = 1e-8, warmup_steps: int = 2000, max_steps: int | None = None,
-                 min_lr_ratio: float = 0.1, compile: bool = False, seed: int = 1234, reseed_each_step: bool = True):
+class Task(L.LightningModule):
+    """Shared optimisation; subclasses define the steps, the metrics and, if not padded dicts, batch_tokens.
+
+    optimizer: called as optimizer(param_groups) (default: train.optim.adamw's defaults);
+    scheduler: called as scheduler(optimizer), stepped every optimizer step (default: none).
+    """
+
+    def __init__(self, model: nn.Module, optimizer=None, scheduler=None, compile: bool = False,
+                 seed: int = 1234, reseed_each_step: bool = True):
         super().__init__()
-        self.save_hyperparameters(ignore=["model"])
+        self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"])
+        self.hparams.update(optimizer=_describe(optimizer), scheduler=_describe(scheduler))
         self.model = model
+        self.optimizer_factory = optimizer or functools.partial(adamw)
+        self.scheduler_factory = scheduler
+        self.no_decay = no_decay_names(model)  # decided on the plain model, before any wrapping
         if compile:
             model.compile()  # in place: parameter names (and checkpoints) stay those of the plain model
+
+    # ---- what the speed/MFU callback reads ------------------------------------------------------
+    def batch_tokens(self, batch) -> tuple:
+        """(real tokens, sum of squared sequence lengths) of a training batch, device tensors (no sync).
+
+        For every input_ids* key: lengths from the matching attention_mask* key (1 = real token), or
+        the full width when there is none. The model's flops(tokens, sum_sq_len) turns them into FLOPs.
+        """
+        tokens = sum_sq = 0
+        for key, ids in batch.items():
+            if not key.startswith("input_ids"):
+                continue
+            mask = batch.get("attention_mask" + key[len("input_ids"):])
+            if mask is None:
+                b, n = ids.shape
+                tokens, sum_sq = tokens + b * n, sum_sq + b * n * n
+            else:
+                lens = mask.sum(1, dtype=torch.int64)
+                tokens, sum_sq = tokens + lens.sum(), sum_sq + (lens * lens).sum()
+        return tokens, sum_sq
+
+    # ---- shared optimisation --------------------------------------------------------------------
+    def on_train_batch_start(self, batch, batch_idx):
+        # Dropout masks as a function of (seed, micro-batch, rank): a resumed run draws the same ones.
+        if self.hparams.reseed_each_step:
+            accum = self.trainer.accumulate_grad_batches
+            micro = self.trainer.global_step * accum + batch_idx % accum
+            torch.manual_seed(self.hparams.seed * 1_000_003 + micro + 1_000_000_007 * self.global_rank)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        # Lightning's mixed-precision plugin refuses to clip for a fused AdamW (fused unscaling is an
+        # fp16 loss-scaler concern). bf16 and float32 have no scaler, so clip the global norm here.
+        if not gradient_clip_val:
+            return
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None or gradient_clip_algorithm == "value":
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val, foreach=True)
+
+    def configure_optimizers(self):
+        opt = self.optimizer_factory(param_groups(self.model, self.no_decay))
+        if self.scheduler_factory is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+
+    def log_split(self, values: dict, prog_bar: tuple = ()):
+        # Metric objects already summed over ranks in compute(); nothing left to sync.
+        for name, value in values.items():
+            self.log(name, value.float(), prog_bar=name in prog_bar, sync_dist=False)
+
+
+class LMTask(Task):
+    """Causal LM: batch (B, T + 1) token ids; inputs [:, :-1], targets [:, 1:]."""
+
+    def __init__(self, model: nn.Module, optimizer=None, scheduler=None, **kw):
+        super().__init__(model, optimizer, scheduler, **kw)
         self.val_ppl = Perplexity()
 
     def forward(self, input_ids):
         return self.model(input_ids)
 
-    def on_train_batch_start(self, batch, batch_idx):
-        # Dropout masks as a function of (seed, micro-batch): a resumed run draws the same ones.
-        if self.hparams.reseed_each_step:
-            accum = self.trainer.accumulate_grad_batches
-            micro = self.trainer.global_step * accum + batch_idx % accum
-            torch.manual_seed(self.hparams.seed * 1_000_003 + micro)
+    def batch_tokens(self, batch):
+        b, t = batch.shape[0], batch.shape[1] - 1
+        return b * t, b * t * t
 
     def training_step(self, batch, batch_idx):
         x, y = batch[:, :-1], batch[:, 1:]
@@ -54,30 +135,92 @@ class LMTask(L.LightningModule):
     def on_validation_epoch_end(self):
         nll, ppl = self.val_ppl.compute()
         self.val_ppl.reset()
-        self.log("val/loss", nll.float(), prog_bar=True, sync_dist=False)
-        self.log("val/ppl", ppl.float(), sync_dist=False)
+        self.log_split({"val/loss": nll, "val/ppl": ppl}, prog_bar=("val/loss",))
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        # Lightning's mixed-precision plugin refuses to clip for a fused AdamW (fused unscaling is an
-        # fp16 loss-scaler concern). bf16 and float32 have no scaler, so clip the global norm here.
-        if not gradient_clip_val:
-            return
-        if getattr(self.trainer.precision_plugin, "scaler", None) is not None or gradient_clip_algorithm == "value":
-            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val, foreach=True)
 
-    def configure_optimizers(self):
-        hp = self.hparams
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]  # matrices and embeddings; not biases or LayerNorm
-        no_decay = [p for p in params if p.dim() < 2]
-        fused = torch.cuda.is_available() and all(p.is_cuda for p in params)
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps, fused=fused or None,
-        )
-        max_steps = hp.max_steps or self.trainer.max_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: warmup_cosine(s, hp.warmup_steps, max_steps, hp.min_lr_ratio)
-        )
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+class MLMTask(Task):
+    """Masked LM (BERT): the model predicts only the mlm_positions slots; next-sentence prediction when
+    the model returns NSP logits and the batch has nsp_labels.
+
+    Batch: input_ids, attention_mask, token_type_ids (B, N); mlm_positions, mlm_labels (B, P), labels
+    IGNORE at unused slots; optional nsp_labels (B,). Loss = MLM mean over predicted tokens + NSP mean.
+    """
+
+    def __init__(self, model: nn.Module, optimizer=None, scheduler=None, **kw):
+        super().__init__(model, optimizer, scheduler, **kw)
+        self.val_mlm_loss, self.val_mlm_acc, self.val_nsp_acc = MeanNLL(IGNORE), Accuracy(IGNORE), Accuracy(IGNORE)
+
+    def forward(self, batch):
+        return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                          token_type_ids=batch.get("token_type_ids"), masked_positions=batch["mlm_positions"])
+
+    def training_step(self, batch, batch_idx):
+        mlm_logits, nsp_logits = self(batch)
+        mlm = F.cross_entropy(mlm_logits.flatten(0, 1).float(), batch["mlm_labels"].flatten(), ignore_index=IGNORE)
+        self.log("train/mlm_loss", mlm)
+        loss = mlm
+        if nsp_logits is not None and "nsp_labels" in batch:
+            nsp = F.cross_entropy(nsp_logits.float(), batch["nsp_labels"])
+            self.log("train/nsp_loss", nsp)
+            loss = loss + nsp
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        mlm_logits, nsp_logits = self(batch)
+        self.val_mlm_loss.update(mlm_logits, batch["mlm_labels"])
+        self.val_mlm_acc.update(mlm_logits, batch["mlm_labels"])
+        if nsp_logits is not None and "nsp_labels" in batch:
+            self.val_nsp_acc.update(nsp_logits, batch["nsp_labels"])
+
+    def on_validation_epoch_end(self):
+        out = {"val/mlm_loss": self.val_mlm_loss.compute(), "val/mlm_acc": self.val_mlm_acc.compute()}
+        if self.val_nsp_acc.update_called:
+            out["val/nsp_acc"] = self.val_nsp_acc.compute()
+        for m in (self.val_mlm_loss, self.val_mlm_acc, self.val_nsp_acc):
+            m.reset()
+        self.log_split(out, prog_bar=("val/mlm_loss",))
+
+
+class ClassificationTask(Task):
+    """Sequence classification: batch = model inputs (input_ids, attention_mask, and for the two-input
+    retrieval form input_ids_2, attention_mask_2) + labels (B,); model(**inputs) -> logits (B, C)."""
+
+    def __init__(self, model: nn.Module, optimizer=None, scheduler=None, **kw):
+        super().__init__(model, optimizer, scheduler, **kw)
+        self.split_metrics = nn.ModuleDict({
+            split: nn.ModuleDict({"loss": MeanNLL(), "acc": Accuracy()}) for split in ("val", "test")})
+
+    def forward(self, batch):
+        return self.model(**{k: v for k, v in batch.items() if k != "labels"})
+
+    def training_step(self, batch, batch_idx):
+        logits = self(batch)
+        loss = F.cross_entropy(logits.float(), batch["labels"])
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", (logits.argmax(-1) == batch["labels"]).float().mean())
+        return loss
+
+    def _eval_step(self, split, batch):
+        logits = self(batch)
+        for m in self.split_metrics[split].values():
+            m.update(logits, batch["labels"])
+
+    def _eval_end(self, split):
+        ms = self.split_metrics[split]
+        out = {f"{split}/{name}": m.compute() for name, m in ms.items()}
+        for m in ms.values():
+            m.reset()
+        self.log_split(out, prog_bar=(f"{split}/acc",))
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step("val", batch)
+
+    def on_validation_epoch_end(self):
+        self._eval_end("val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step("test", batch)
+
+    def on_test_epoch_end(self):
+        self._eval_end("test")
