@@ -9,27 +9,26 @@ Full run (about 8 minutes on an H100):
     python scripts/bench_attention.py --out results/attention --tag h100
 Quick tuning run:
     python scripts/bench_attention.py --seqlens 1024 4096 --hdims 128 --providers ours sdpa_flash --no-memory
-Fused-dropout A/B at the GPT-2 small training shape (B 16, N 1024, H 12, D 64, causal, bf16), dropout 0 and
-0.1: our kernel with each dropout RNG (FLASH_DROPOUT_RNG, one process each, own Triton cache) and SDPA-flash:
-    python scripts/bench_attention.py --dropout-ab philox1 philox4 --out results/attention --tag dropout_ab
-Writes <tag>.csv, <tag>.json (rows + GPU, versions, date, command, autotune picks), <tag>.md, <tag>.png.
+What fused dropout costs at the GPT-2 small training shape (B 16, N 1024, H 12, D 64, causal, bf16): ours and
+SDPA-flash with dropout 0 and 0.1, forward and forward+backward, one process:
+    python scripts/bench_attention.py --dropout --tag dropout_gpt2
+Writes <tag>.csv, <tag>.json (rows + GPU, versions, date, command, autotune picks), <tag>.md, <tag>.png
+(--dropout: <tag>.json and <tag>.md) to --out, by default results/attention/.
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import json
-import math
 import os
-import platform
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from _common import compiled_flex_attention, markdown_header, pyplot, repo_path, repo_root, run_metadata
+
+repo_root()
 
 PROVIDERS = ["ours", "standard", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex"]
 TOKENS, WIDTH = 16384, 2048
@@ -58,8 +57,8 @@ def make_provider(name, causal, n):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return fn, "bhnd"
     if name == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        compiled = _compiled_flex(flex_attention)
+        from torch.nn.attention.flex_attention import create_block_mask
+        compiled = compiled_flex_attention()
         mask = None
         if causal:
             mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device="cuda")
@@ -67,26 +66,17 @@ def make_provider(name, causal, n):
     raise ValueError(name)
 
 
-_FLEX = {}
-
-
-def _compiled_flex(fa):
-    if "fn" not in _FLEX:
-        import torch._dynamo
-        torch._dynamo.config.cache_size_limit = 256
-        _FLEX["fn"] = torch.compile(fa, dynamic=False)
-    return _FLEX["fn"]
-
-
-def bench_one(name, b, h, n, d, causal, modes, memory, rep):
-    import triton.testing
-    fn, layout = make_provider(name, causal, n)
-    shape = (b, n, h, d) if layout == "bnhd" else (b, h, n, d)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+def inputs(shape, gen):
+    """q, k, v (requiring grad) and dO, bf16 on the GPU, drawn from `gen`."""
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
                for _ in range(3))
-    do = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
-    row = {"provider": name, "hdim": d, "seqlen": n, "batch": b, "heads": h, "causal": causal}
+    return q, k, v, torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+
+def time_modes(fn, q, k, v, do, modes, rep, row):
+    """Median ms of `fn(q, k, v)` per mode ("fwd" under no_grad, "fwdbwd" = autograd.grad of q, k, v), and
+    TFLOP/s from the shape in `row`; written into `row`."""
+    import triton.testing
     for mode in modes:
         if mode == "fwd":
             def run():
@@ -99,7 +89,17 @@ def bench_one(name, b, h, n, d, causal, modes, memory, rep):
         torch.cuda.synchronize()
         ms = triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median")
         row[f"{mode}_ms"] = ms
-        row[f"{mode}_tflops"] = flops(b, h, n, d, causal, mode) / ms * 1e-9
+        shape = row["batch"], row["heads"], row["seqlen"], row["hdim"], row["causal"]
+        row[f"{mode}_tflops"] = flops(*shape, mode) / ms * 1e-9
+    return row
+
+
+def bench_one(name, b, h, n, d, causal, modes, memory, rep):
+    fn, layout = make_provider(name, causal, n)
+    shape = (b, n, h, d) if layout == "bnhd" else (b, h, n, d)
+    q, k, v, do = inputs(shape, torch.Generator(device="cuda").manual_seed(0))
+    row = time_modes(fn, q, k, v, do, modes, rep,
+                     {"provider": name, "hdim": d, "seqlen": n, "batch": b, "heads": h, "causal": causal})
     if memory:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -115,89 +115,53 @@ def bench_one(name, b, h, n, d, causal, modes, memory, rep):
 GPT2_SMALL = dict(b=16, n=1024, h=12, d=64)
 
 
-def dropout_ab_worker(rep):
-    """One process, one dropout RNG (set by the parent in FLASH_DROPOUT_RNG): ours and SDPA-flash at the
-    GPT-2 small shape, dropout 0 and 0.1, forward and forward+backward. Prints one JSON line per row."""
-    import triton.testing
+def dropout_cost(args, meta):
+    """Ours and SDPA-flash at the GPT-2 small attention shape, causal, dropout 0 and 0.1, forward and
+    forward+backward, in this process; writes <tag>.json and <tag>.md."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from kernels.flash import flash_attn_func
     b, n, h, d = GPT2_SMALL["b"], GPT2_SMALL["n"], GPT2_SMALL["h"], GPT2_SMALL["d"]
-    rng = os.environ.get("FLASH_DROPOUT_RNG", "philox4")
     gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
     for prov in ("ours", "sdpa_flash"):
-        layout = (b, n, h, d) if prov == "ours" else (b, h, n, d)
-        q, k, v = (torch.randn(layout, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-                   for _ in range(3))
-        do = torch.randn(layout, device="cuda", dtype=torch.bfloat16, generator=gen)
+        q, k, v, do = inputs((b, n, h, d) if prov == "ours" else (b, h, n, d), gen)
         for p in (0.0, 0.1):
             if prov == "ours":
-                fn = lambda: flash_attn_func(q, k, v, dropout_p=p, causal=True)  # noqa: E731
+                def fn(q, k, v, p=p):
+                    return flash_attn_func(q, k, v, dropout_p=p, causal=True)
             else:
-                def fn():
+                def fn(q, k, v, p=p):
                     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            row = {"kind": "dropout_ab", "provider": f"ours-{rng}" if prov == "ours" else f"sdpa_flash@{rng}", "dropout": p,
-                   "batch": b, "seqlen": n, "heads": h, "hdim": d, "causal": True}
-            for mode in ("fwd", "fwdbwd"):
-                if mode == "fwd":
-                    def run():
-                        with torch.no_grad():
-                            fn()
-                else:
-                    def run():
-                        torch.autograd.grad(fn(), (q, k, v), do)
-                run()  # autotune / compile outside the timing
-                torch.cuda.synchronize()
-                ms = triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median")
-                row[f"{mode}_ms"] = ms
-                row[f"{mode}_tflops"] = flops(b, h, n, d, True, mode) / ms * 1e-9
-            print("ABROW " + json.dumps(row), flush=True)
-    print("ABTUNE " + json.dumps(autotune_picks()), flush=True)
-
-
-def dropout_ab(args, meta):
-    """Run one worker per RNG variant (fresh process; non-default variants get their own TRITON_CACHE_DIR)."""
-    import subprocess
-    rows, tunes = [], {}
-    for rng in args.dropout_ab:
-        env = dict(os.environ, FLASH_DROPOUT_RNG=rng)
-        if rng != "philox4":  # the default variant keeps the default cache (bench_training's ours-flash reuses it)
-            env["TRITON_CACHE_DIR"] = f"/tmp/triton_cache_{rng}"
-        cmd = [sys.executable, os.path.abspath(__file__), "--dropout-ab-worker", "--rep", str(args.rep)]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        got = [json.loads(ln[6:]) for ln in p.stdout.splitlines() if ln.startswith("ABROW ")]
-        tunes[rng] = [json.loads(ln[7:]) for ln in p.stdout.splitlines() if ln.startswith("ABTUNE ")]
-        if p.returncode != 0 or not got:
-            rows.append({"kind": "dropout_ab", "provider": f"ours-{rng}", "error": (p.stderr or p.stdout)[-1500:]})
-        rows += got
-        print(p.stdout[-3000:], p.stderr[-1500:] if p.returncode else "", flush=True)
-    meta["autotune"] = tunes
+            row = {"kind": "dropout", "provider": prov, "dropout": p, "batch": b, "seqlen": n, "heads": h,
+                   "hdim": d, "causal": True}
+            rows.append(time_modes(fn, q, k, v, do, ("fwd", "fwdbwd"), args.rep, row))
+            print(json.dumps(row), flush=True)
+    meta["autotune"] = autotune_picks()
     base = os.path.join(args.out, args.tag)
     with open(base + ".json", "w") as f:
         json.dump({**meta, "rows": rows}, f, indent=1)
-    ok = [r for r in rows if "error" not in r]
-    ref = {(r["provider"], r["dropout"]): r for r in ok}
-    lines = [f"# Fused dropout A/B at the GPT-2 small attention shape ({meta['gpu']})", "",
-             f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. Command: `{meta['command']}`", "",
-             "B 16, N 1024, H 12, D 64, causal, bf16; median ms of triton.testing.do_bench (forward under no_grad; "
-             "forward+backward = autograd.grad of q, k, v). ours-philox1: one Philox4x32-10 call per score "
-             "element (the previous kernel); ours-philox4: one call per 4 keys. Each variant ran in its own "
-             "process (own autotune; philox1 with its own Triton cache); SDPA-flash was measured in each "
-             "process (sdpa_flash@<variant>).", "",
-             "| provider | dropout | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | dropout cost fwd+bwd (ms) |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for r in ok:
-        base0 = ref.get((r["provider"], 0.0))
-        cost = f"{r['fwdbwd_ms'] - base0['fwdbwd_ms']:+.3f}" if base0 and r["dropout"] > 0 else ""
-        lines.append(f"| {r['provider']} | {r['dropout']} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
-                     f"{r['fwdbwd_tflops']:.0f} | {cost} |")
-    lines += [f"| {r['provider']} | failed: {r['error'].strip().splitlines()[-1][:150]} | | | | |"
-              for r in rows if "error" in r]
-    md = "\n".join(lines) + "\n"
+    md = dropout_markdown(rows, meta)
     with open(base + ".md", "w") as f:
         f.write(md)
     print(md)
+
+
+def dropout_markdown(rows, meta):
+    ref = {(r["provider"], r["dropout"]): r for r in rows}
+    lines = markdown_header("Fused dropout at the GPT-2 small attention shape", meta) + [
+        "B 16, N 1024, H 12, D 64, causal, bf16; median ms of triton.testing.do_bench (forward under no_grad; "
+        "forward+backward = autograd.grad of q, k, v). Ours draws the mask with one Philox4x32-10 call per 4 "
+        "keys (kernels/flash.py, dropout_keep); both providers autotuned / run in this process.", "",
+        "| provider | dropout | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | dropout cost fwd (ms) | dropout cost fwd+bwd (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        base0 = ref.get((r["provider"], 0.0))
+        cost = [f"{r[k] - base0[k]:+.3f}" if base0 and r["dropout"] > 0 else "" for k in ("fwd_ms", "fwdbwd_ms")]
+        lines.append(f"| {r['provider']} | {r['dropout']} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
+                     f"{r['fwdbwd_tflops']:.0f} | {cost[0]} | {cost[1]} |")
+    return "\n".join(lines) + "\n"
 
 
 def standard_fits(b, h, n):
@@ -222,8 +186,7 @@ def _ratio(o, p, key):
 
 
 def markdown(rows, meta):
-    lines = [f"# Attention benchmark ({meta['gpu']})", "",
-             f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. Command: `{meta['command']}`", "",
+    lines = markdown_header("Attention benchmark", meta) + [
              "batch x seqlen = 16K tokens, nheads x headdim = 2048, bf16. Cells: TFLOP/s forward / forward+backward "
              "(4BHN^2D forward, halved causal, x3.5 fwd+bwd; median of do_bench). 'x peer' = peer time / our time "
              "(> 1: we are faster), fwd, fwd+bwd. mem = peak extra MiB during fwd+bwd.", ""]
@@ -259,9 +222,7 @@ def markdown(rows, meta):
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rows = [r for r in rows if r.get("kind") != "gpt2"]
     keys = sorted({(r["hdim"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(2, len(keys), figsize=(4.2 * len(keys), 7), squeeze=False)
@@ -304,23 +265,17 @@ def main():
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-gpt2", action="store_true", help="skip the GPT-2-medium shape row")
     ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time in ms")
-    ap.add_argument("--out", default="results/attention")
+    ap.add_argument("--out", default="results/attention", help="output folder (relative: from the repo root)")
     ap.add_argument("--tag", default="bench")
-    ap.add_argument("--dropout-ab", nargs="+", default=None, choices=["philox1", "philox4"],
-                    help="only the fused-dropout A/B at the GPT-2 small shape, one process per RNG variant")
-    ap.add_argument("--dropout-ab-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dropout", action="store_true",
+                    help="only the fused-dropout cost at the GPT-2 small shape (ours and SDPA-flash, p 0 and 0.1)")
     args = ap.parse_args()
-    if args.dropout_ab_worker:
-        dropout_ab_worker(args.rep)
-        return
 
-    import triton
+    args.out = str(repo_path(args.out))
     os.makedirs(args.out, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "command": "python " + " ".join(sys.argv)}
-    if args.dropout_ab:
-        dropout_ab(args, meta)
+    meta = run_metadata()
+    if args.dropout:
+        dropout_cost(args, meta)
         return
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     rows = []

@@ -11,28 +11,28 @@ Density sweep (at 4K and 16K): random layouts with exactly round(density * n) ke
 
 Each point times its providers in --rounds interleaved rounds (default 3) and keeps the medians.
 Full run (about 8 minutes on an H100):
-    python scripts/bench_blocksparse.py --out results/blocksparse --tag h100
+    python scripts/bench_blocksparse.py --rep 25 --tag h100
 Quick run / tile sweep:
     python scripts/bench_blocksparse.py --seqlens 4096 16384 --hdims 64 --densities --sweep
 Plot again from the JSON (no GPU needed):
     python scripts/bench_blocksparse.py --plot-only results/blocksparse/h100.json
-Writes <tag>.csv, <tag>.json (rows + GPU, versions, date, command, tile configs), <tag>.md, <tag>.png.
+Writes <tag>.csv, <tag>.json (rows + GPU, versions, date, command, tile configs), <tag>.md, <tag>.png to
+--out, by default results/blocksparse/.
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import json
-import math
 import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from _common import compiled_flex_attention, markdown_header, pyplot, repo_path, repo_root, run_metadata
+
+repo_root()
 
 TOKENS, WIDTH, BLOCK = 16384, 2048, 128
 CAUSAL = False  # --causal: every provider also applies the token-level causal mask
@@ -54,7 +54,7 @@ def balanced_random(n, density, seed=0, device="cuda"):
     return BlockSparseLayout((ranks < keep).unsqueeze(0).to(device), BLOCK, n, n)
 
 
-_FLEX = {}
+_FLEX = {}  # seqlen -> (layout buffer, mask_mod)
 
 
 def flex_fn(layout, b, h, n):
@@ -63,13 +63,8 @@ def flex_fn(layout, b, h, n):
     One mask_mod (reading one layout buffer) per sequence length, refilled in place for each layout, so
     the density sweep does not recompile for every new mask.
     """
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import create_block_mask
 
-    if "fn" not in _FLEX:
-        import torch._dynamo as dynamo  # (a bare `import torch._dynamo` would make `torch` local here)
-
-        dynamo.config.cache_size_limit = 256
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     if n not in _FLEX:
         buf = torch.zeros(layout.blocks.shape[1:], dtype=torch.bool, device="cuda")
 
@@ -81,7 +76,7 @@ def flex_fn(layout, b, h, n):
     buf, mask_mod = _FLEX[n]
     buf.copy_(layout.blocks[0])
     bm = create_block_mask(mask_mod, None, None, n, n, device="cuda", BLOCK_SIZE=BLOCK, _compile=True)
-    compiled = _FLEX["fn"]
+    compiled = compiled_flex_attention()
     return lambda q, k, v: compiled(q, k, v, block_mask=bm)
 
 
@@ -289,27 +284,15 @@ def tile_sweep(rep, apply=False):
     return out
 
 
-def meta_info(args):
-    import triton
-
-    p = torch.cuda.get_device_properties(0)
-    return dict(gpu=p.name, sm_count=p.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
-                cuda=torch.version.cuda, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                command="python " + " ".join(sys.argv), tokens=TOKENS, width=WIDTH, block_size=BLOCK,
-                dtype="bfloat16")
-
-
 def markdown(rows, meta, sweep):
-    lines = [f"# Block-sparse attention benchmark ({meta['gpu']})", "",
-             f"- date {meta['date']}, torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}",
-             f"- command: `{meta['command']}`",
-             f"- bf16, batch x seqlen = {TOKENS} tokens, nheads x headdim = {WIDTH}, block_size {BLOCK}, "
-             f"{'causal' if meta.get('causal') else 'non-causal'}; times in ms: each a triton.testing.do_bench median; with rounds, the median over "
-             "rounds that interleave the providers (spread: max / min fwd+bwd over the rounds); graphed: "
-             "fwd+bwd replayed from a CUDA graph, the device time without the host's launch path",
-             f"- tiles per head-dim class (fwd: BLOCK_M, BLOCK_N, warps, stages; bwd: BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, warps, stages; bwd_mode, see kernels/blocksparse.py): {meta.get('tiles')}",
-             "- speedup = our dense flash time / block-sparse time (same run); target at 16K, density <= 1/8: "
-             ">= 0.7 / density for fwd+bwd", ""]
+    lines = markdown_header("Block-sparse attention benchmark", meta) + [
+        f"- bf16, batch x seqlen = {TOKENS} tokens, nheads x headdim = {WIDTH}, block_size {BLOCK}, "
+        f"{'causal' if meta.get('causal') else 'non-causal'}; times in ms: each a triton.testing.do_bench median; with rounds, the median over "
+        "rounds that interleave the providers (spread: max / min fwd+bwd over the rounds); graphed: "
+        "fwd+bwd replayed from a CUDA graph, the device time without the host's launch path",
+        f"- tiles per head-dim class (fwd: BLOCK_M, BLOCK_N, warps, stages; bwd: BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, warps, stages; bwd_mode, see kernels/blocksparse.py): {meta.get('tiles')}",
+        "- speedup = our dense flash time / block-sparse time (same run); target at 16K, density <= 1/8: "
+        ">= 0.7 / density for fwd+bwd", ""]
     for kind in ("seqlen", "density"):
         sel = [r for r in rows if r["sweep"] == kind]
         if not sel:
@@ -374,11 +357,7 @@ def targets(rows):
 
 
 def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = [r for r in rows if "error" not in r]
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     colors = {"ours": "C0", "flash": "C1", "flex": "C2", "standard": "C3"}
@@ -421,7 +400,7 @@ def main():
     ap.add_argument("--causal", action="store_true", help="causal attention on top of every layout")
     ap.add_argument("--sweep", action="store_true", help="also time tile candidates for each kernel")
     ap.add_argument("--apply", action="store_true", help="with --sweep: use the fastest tiles for the run")
-    ap.add_argument("--out", default="results/blocksparse")
+    ap.add_argument("--out", default="results/blocksparse", help="output folder (relative: from the repo root)")
     ap.add_argument("--tag", default="bench")
     ap.add_argument("--plot-only", default=None, help="re-plot (and re-write markdown) from a JSON")
     args = ap.parse_args()
@@ -435,11 +414,11 @@ def main():
 
     from kernels.sparsity import butterfly
 
+    args.out = str(repo_path(args.out))
     os.makedirs(args.out, exist_ok=True)
     global CAUSAL
     CAUSAL = args.causal
-    meta = meta_info(args)
-    meta["causal"] = CAUSAL
+    meta = dict(run_metadata(), tokens=TOKENS, width=WIDTH, block_size=BLOCK, dtype="bfloat16", causal=CAUSAL)
     print(meta, flush=True)
     t0 = time.time()
     sweep = tile_sweep(args.rep, apply=args.apply) if args.sweep else []

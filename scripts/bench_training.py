@@ -1,8 +1,8 @@
 """GPT-2 training throughput: our Hydra + Lightning framework vs HuggingFace GPT2LMHeadModel, one GPU.
 
-    python scripts/bench_training.py --out results/training            # every row, one process each
+    python scripts/bench_training.py                                   # every row -> results/training/
     python scripts/bench_training.py --rows ours-sdpa,hf-sdpa --steps 20
-    python scripts/bench_training.py --rows ours-sdpa,ours-flash,ours-flash-philox1 --out results/training/flash_dropout
+    python scripts/bench_training.py --data-source corpus --data-dir data/corpus   # after scripts/prepare_corpus.py
 
 GPT-2 small (124M), context 1024, micro-batch 16, bf16 autocast, AdamW (fused), gradient clipping
 1.0, dropout 0.1, random initialisation, the same token windows for every row. Each row runs in its
@@ -12,30 +12,26 @@ optimizer steps untimed, then `--steps` timed with a device sync at both ends.
 Rows: hf-eager / hf-sdpa (transformers' own training step: attn_implementation "eager" / "sdpa"),
 ours-standard / ours-sdpa / ours-sdpa-compile / ours-flash (the real `train/run.py` path: the
 composed Hydra config, LMTask and LMDataModule driven by lightning.Trainer, with the checkpoint,
-logger and progress-bar extras off so that only the training loop is timed). Not in the default list:
-ours-flash-philox1 (ours-flash with the previous dropout RNG, FLASH_DROPOUT_RNG=philox1, for A/B runs).
-Writes bench_training.json and bench_training.md (GPU, versions, date, command) to --out.
+logger and progress-bar extras off so that only the training loop is timed).
+Writes bench_training.json and bench_training.md (GPU, versions, date, command) to --out; relative
+paths (--out, --data-dir, --workdir) count from the repo root.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata
+
+repo_root()
 
 ROWS = ["hf-eager", "hf-sdpa", "ours-standard", "ours-sdpa", "ours-sdpa-compile", "ours-flash"]
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False),
-        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False), "ours-flash-philox1": ("flash", False)}
-# Extra environment of a row's process (A/B rows; their own Triton cache so no compiled binary is shared).
-ROW_ENV = {"ours-flash-philox1": {"FLASH_DROPOUT_RNG": "philox1", "TRITON_CACHE_DIR": "/tmp/triton_cache_philox1"}}
+        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False)}
 
 
 def _windows(data_dir: str, seq_len: int, n: int, seed: int):
@@ -125,7 +121,8 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
     trainer.callbacks.append(timer)
     trainer.fit(task, datamodule=datamodule)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-    return {"seconds": timer.t1 - timer.t0, "loss": timer.loss, "peak_mem_gib": peak, "overrides": overrides}
+    return {"seconds": timer.t1 - timer.t0, "loss": timer.loss, "peak_mem_gib": peak,
+            "overrides": [rel_arg(o) for o in overrides]}
 
 
 def one_row(args) -> dict:
@@ -158,32 +155,23 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--data-dir", default=str(REPO / "data" / "cache" / "embedded"))
-    ap.add_argument("--data-source", default="embedded")
+    ap.add_argument("--data-dir", default="data/cache/embedded", help="prepared train.bin/val.bin folder")
+    ap.add_argument("--data-source", default="embedded", choices=["embedded", "corpus", "openwebtext"])
     ap.add_argument("--row-timeout", type=int, default=240)
-    ap.add_argument("--workdir", default="/tmp/bench_training")
-    ap.add_argument("--out", default=str(REPO / "results" / "training"))
+    ap.add_argument("--workdir", default="outputs/bench_training", help="scratch output of the ours-* rows")
+    ap.add_argument("--out", default="results/training")
     args = ap.parse_args()
+    args.data_dir, args.workdir = str(repo_path(args.data_dir)), str(repo_path(args.workdir))
 
     if args.row:
         print("ROWJSON " + json.dumps(one_row(args)), flush=True)
         return
 
-    import torch
-    import triton
-    import transformers
-
     if args.data_source == "embedded":
         from train.data import prepare_embedded
 
         prepare_embedded(args.data_dir)
-    env = {
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
-        "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
-        "data": f"{args.data_source} ({args.data_dir})",
-    }
+    env = dict(run_metadata(libs=("transformers",)), data=f"{args.data_source} ({rel(args.data_dir)})")
     rows = []
     for name in args.rows.split(","):
         cmd = [sys.executable, __file__, "--row", name, "--steps", str(args.steps), "--warmup", str(args.warmup),
@@ -191,8 +179,7 @@ def main():
                "--data-dir", args.data_dir, "--data-source", args.data_source, "--workdir", args.workdir]
         t = time.time()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout,
-                               env={**os.environ, **ROW_ENV.get(name, {})})
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROWJSON ")]
             if p.returncode == 0 and line:
                 rows.append(json.loads(line[-1][8:]))
@@ -206,25 +193,24 @@ def main():
         rows[-1]["wall_s"] = time.time() - t
         print(name, {k: v for k, v in rows[-1].items() if k != "overrides"}, flush=True)
 
-    out = Path(args.out)
+    out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_training.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     ref = {r["row"]: r for r in rows if "tokens_per_s" in r}
-    md = [f"# GPT-2 small training throughput ({env['gpu']})", "",
-          f"torch {env['torch']}, triton {env['triton']}, transformers {env['transformers']}, {env['date']}.",
-          f"Command: `{env['command']}`. Data: {env['data']}.",
-          f"GPT-2 small (124M), context {args.seq_len}, micro-batch {args.batch}, bf16 autocast, fused AdamW, "
-          f"clip 1.0, dropout 0.1; {args.warmup} warm-up steps, then {args.steps} timed steps.", "",
-          "| row | tokens/s | step (ms) | vs hf-sdpa | MFU | peak mem (GiB) | loss at end |",
-          "|---|---:|---:|---:|---:|---:|---:|"]
+    md = markdown_header("GPT-2 small training throughput", env) + [
+        f"Data: {env['data']}. GPT-2 small (124M), context {args.seq_len}, micro-batch {args.batch}, bf16 "
+        f"autocast, fused AdamW, clip 1.0, dropout 0.1; {args.warmup} warm-up steps, then {args.steps} timed steps.",
+        "",
+        "| row | tokens/s | step (ms) | vs hf-sdpa | MFU | peak mem (GiB) | loss at end |",
+        "|---|---:|---:|---:|---:|---:|---:|"]
     base = ref.get("hf-sdpa", {}).get("tokens_per_s")
     for r in rows:
         if "error" in r:
             md.append(f"| {r['row']} | failed: {r['error'].splitlines()[-1][:120] if r['error'] else '?'} | | | | | |")
             continue
-        rel = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
+        ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
-        md.append(f"| {r['row']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {rel} | {mfu} | "
+        md.append(f"| {r['row']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {ratio} | {mfu} | "
                   f"{r['peak_mem_gib']:.1f} | {r['loss']:.3f} |")
     (out / "bench_training.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

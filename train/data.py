@@ -63,17 +63,22 @@ def _tokenize_batch(batch):
 
 # ---- pipeline ------------------------------------------------------------------------------------
 def file_digest(paths) -> str:
-    h = hashlib.sha256()
-    for p in sorted(str(p) for p in paths):
-        h.update(p.encode())
+    """Digest of what the files hold: each file's name (not its folder) and bytes, in a fixed order.
+
+    Where the checkout lives does not enter it, so a moved or copied checkout finds its prepared data
+    up to date instead of tokenizing again (which needs `datasets`)."""
+    entries = []
+    for p in map(Path, paths):
+        h = hashlib.sha256()
         with open(p, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
-    return h.hexdigest()[:16]
+        entries.append(f"{p.name}\0{h.hexdigest()}\n")
+    return hashlib.sha256("".join(sorted(entries)).encode()).hexdigest()[:16]
 
 
 def make_stamp(inputs: str, val_fraction: float, seed: int) -> str:
-    """What a prepared folder was made from: the inputs' digest and the split settings."""
+    """What a prepared folder was made from: the inputs' digest (content, never paths) and the split settings."""
     return hashlib.sha256(f"{inputs}|{val_fraction}|{seed}".encode()).hexdigest()[:16]
 
 

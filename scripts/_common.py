@@ -1,0 +1,125 @@
+"""What every script shares: the checkout on sys.path, repo-relative paths, and the metadata block that
+each results file records (GPU, library versions, UTC date and the command that reproduces the file from
+the repository root).
+
+    from _common import repo_root, run_metadata, markdown_header
+    REPO = repo_root()                  # also makes `import kernels`, `import train` work
+    meta = run_metadata()               # {"gpu", "torch", "triton", "python", "date", "command", ...}
+    lines = markdown_header("Attention benchmark", meta)
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import shlex
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Environment variables that change what a kernel run measures: recorded in front of the command.
+RECORDED_ENV_PREFIX = "FLASH_"
+
+
+def repo_root() -> Path:
+    """The checkout's root, put first on sys.path so that the scripts import the repo's packages."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return REPO
+
+
+def repo_path(path: str | os.PathLike) -> Path:
+    """A path given on the command line or as a default, resolved: relative paths count from the repo
+    root (the scripts document their commands as run from there), so outputs land in the same folder
+    whatever the working directory."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else REPO / p
+
+
+def rel(path: str | os.PathLike) -> str:
+    """`path` as a results file records it: relative to the repo root when it lies inside the checkout."""
+    p = Path(path)
+    if not p.is_absolute():
+        return p.as_posix()
+    try:
+        return p.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that reproduces this run from the repo root: the FLASH_* settings in the environment,
+    then `python scripts/NAME.py ARGS`, every argument inside the checkout made repo-relative."""
+    argv = list(sys.argv if argv is None else argv)
+    env = [f"{k}={_quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIX)]
+    script = rel(Path(argv[0]).resolve()) if argv and argv[0] else "?"
+    return " ".join([*env, "python", script, *(_quote(rel_arg(a)) for a in argv[1:])])
+
+
+def rel_arg(arg: str) -> str:
+    """An argument (`PATH`, `--opt=PATH`, a Hydra `key=PATH`) with an absolute PATH in the checkout made relative."""
+    key, eq, value = arg.partition("=") if "=" in arg else ("", "", arg)
+    return key + eq + rel(value) if os.path.isabs(value) else arg
+
+
+def _quote(s: str) -> str:
+    return shlex.quote(s) if not s or re.search(r"[\s'\"$`\\*?;&|<>()!{}\[\]]", s) else s
+
+
+def run_metadata(argv: list[str] | None = None, *, device: bool = True, libs: tuple[str, ...] = ()) -> dict:
+    """GPU, torch/triton/CUDA (and `libs`) versions, Python, UTC date and the reproducing command.
+
+    device=False leaves the GPU out (tools that only compile). Imports torch/triton lazily so that
+    `--help` stays fast."""
+    import triton
+
+    meta: dict = {}
+    if device:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        meta["gpu"] = torch.cuda.get_device_name() if cuda else "cpu"
+        if cuda:
+            meta["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
+        meta.update(torch=torch.__version__, cuda=torch.version.cuda)
+    meta["triton"] = triton.__version__
+    for name in libs:
+        meta[name] = __import__(name).__version__
+    meta["python"] = platform.python_version()
+    meta["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    meta["command"] = command_line(argv)
+    return meta
+
+
+def markdown_header(title: str, meta: dict) -> list[str]:
+    """The first lines of every results table: title with the GPU, versions and date, the command."""
+    versions = ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton", "cuda", "transformers") if meta.get(k))
+    gpu = f" ({meta['gpu']})" if meta.get("gpu") else ""
+    return [f"# {title}{gpu}", "", f"{versions}, {meta['date']}.", f"Command: `{meta['command']}`", ""]
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only backend (no display on the benchmark machines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+_FLEX: dict = {}
+
+
+def compiled_flex_attention():
+    """torch.compile'd flex_attention, built once per process; a larger dynamo cache, since every new
+    shape and block mask compiles its own graph."""
+    if "fn" not in _FLEX:
+        import torch
+        import torch._dynamo as dynamo
+        from torch.nn.attention.flex_attention import flex_attention
+
+        dynamo.config.cache_size_limit = 256
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    return _FLEX["fn"]
