@@ -64,3 +64,47 @@ def test_global_batch_must_divide(tmp_path):
     cfg = cfg_for("debug=smoke", "global_batch_size=5")
     with pytest.raises(ValueError, match="not a multiple"):
         build(cfg)
+
+
+EXPERIMENTS = sorted(str(p.relative_to(REPO / "configs" / "experiment").with_suffix(""))
+                     for p in (REPO / "configs" / "experiment").rglob("*.yaml"))
+
+
+def test_experiments_live_in_family_folders():
+    assert {"gpt2/small-corpus", "gpt2/medium-corpus", "gpt2/small-embedded",
+            "synthetic/mlm", "synthetic/classification", "synthetic/retrieval"} <= set(EXPERIMENTS)
+    assert all("/" in e for e in EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_alone_and_with_smoke(name):
+    full, smoke = cfg_for(f"experiment={name}"), cfg_for(f"experiment={name}", "debug=smoke")
+    for cfg in (full, smoke):
+        assert {"task", "model", "data", "optimizer", "scheduler", "trainer"} <= set(cfg)
+        assert cfg.optimizer._partial_ and cfg.scheduler._partial_
+        assert cfg.data.seq_len in (cfg.model.get("n_positions"), cfg.model.get("max_positions"))
+    # debug=smoke shrinks whichever model the experiment picked, through its own sizes file
+    assert smoke.model.n_layer == 2 and smoke.trainer.max_steps == 20 and smoke.data.batch_size == 2
+    assert smoke.model._target_ == full.model._target_ and smoke.task._target_ == full.task._target_
+    assert full.model.n_layer > 2
+
+
+def test_task_model_and_data_of_each_family():
+    lm = cfg_for()
+    assert lm.task._target_ == "train.task.LMTask" and lm.optimizer._target_ == "train.optim.adamw"
+    assert lm.scheduler.decay == "cosine"
+    mlm = cfg_for("experiment=synthetic/mlm")
+    assert mlm.task._target_ == "train.task.MLMTask" and mlm.optimizer._target_ == "pytorch_optimizer.Lamb"
+    assert mlm.scheduler.decay == "poly" and mlm.scheduler.power == 1.0 and mlm.data.nsp is True
+    ret = cfg_for("experiment=synthetic/retrieval")
+    assert ret.task._target_ == "train.task.ClassificationTask" and ret.model.two_inputs is True
+    assert ret.data._target_.endswith("SyntheticRetrieval")
+
+
+def test_ddp_trainer_config():
+    from train.run import world_size
+
+    cfg = cfg_for("trainer=ddp")
+    assert cfg.trainer.devices == 2 and cfg.trainer.strategy._target_.endswith("DDPStrategy")
+    assert cfg.trainer.use_distributed_sampler is False
+    assert world_size(cfg.trainer) == 2 and world_size({"devices": [0, 1, 2], "num_nodes": 2}) == 6
