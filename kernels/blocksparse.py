@@ -186,6 +186,47 @@ def _row_reach(idx_ptr, n_full, n_total, limit, TILE: tl.constexpr, WIDTH: tl.co
     return n_fast, full_end, part_end
 
 
+# One loop stage each: listed tiles t_lo .. t_hi of a row through one of kernels/flash.py's steps, with
+# the stage's masking fixed at compile time. Each returns the index prefetched for the next stage.
+@triton.jit
+def _fwd_stage(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, idx_ptr, t_lo, t_hi, nxt, n_total, offs_m,
+               offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_SEQ: tl.constexpr,
+               HAS_DROPOUT: tl.constexpr):
+    for t in range(t_lo, t_hi):
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N, offs_m,
+                                       offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+                                       HEAD_DIM, BLOCK_D, MASK_CAUSAL, MASK_SEQ, HAS_DROPOUT)
+    return acc, m_i, l_i, nxt
+
+
+@triton.jit
+def _dkdv_stage(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, idx_ptr, t_lo, t_hi, nxt,
+                n_total, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                HAS_DROPOUT: tl.constexpr, MASK_ROWS: tl.constexpr):
+    for t in range(t_lo, t_hi):
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+        dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                     cur * BLOCK_M, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
+                                     drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, MASK_CAUSAL, HAS_DROPOUT, MASK_ROWS)
+    return dk, dv, nxt
+
+
+@triton.jit
+def _dq_stage(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, idx_ptr, t_lo, t_hi, nxt, n_total, rows,
+              offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_SEQ: tl.constexpr,
+              HAS_DROPOUT: tl.constexpr):
+    for t in range(t_lo, t_hi):
+        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
+        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N, rows,
+                               offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                               HEAD_DIM, BLOCK_D, MASK_CAUSAL, MASK_SEQ, HAS_DROPOUT)
+    return dq, nxt
+
+
 @triton.jit
 def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX, CU_Q, CU_K,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -224,24 +265,19 @@ def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX, CU_Q, CU_
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    # Full tiles first: in range and wholly below the diagonal, so no per-element mask.
-    for t in range(0, n_fast):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
-        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N,
-                                       offs_m, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
-                                       HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
+    # Full tiles first (in range and wholly below the diagonal: no per-element mask), then the one a
+    # shorter varlen sequence ends in, then the partial tiles.
+    acc, m_i, l_i, nxt = _fwd_stage(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, idx_ptr, 0, n_fast, nxt,
+                                    n_total, offs_m, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+                                    HEAD_DIM, BLOCK_D, BLOCK_N, False, False, HAS_DROPOUT)
     if VARLEN:
-        for t in range(n_fast, full_end):  # the full tile this (shorter) sequence ends in
-            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
-            acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N,
-                                           offs_m, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh,
-                                           drop_thresh, HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
+        acc, m_i, l_i, nxt = _fwd_stage(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, idx_ptr, n_fast,
+                                        full_end, nxt, n_total, offs_m, offs_n, offs_d, seqlen_k, diag, qk_scale, seed,
+                                        bh, drop_thresh, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, HAS_DROPOUT)
         nxt = tl.load(idx_ptr + n_full, mask=n_full < n_total, other=0)
-    for t in range(n_full, part_end):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
-        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N,
-                                       offs_m, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
-                                       HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
+    acc, m_i, l_i, nxt = _fwd_stage(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, idx_ptr, n_full, part_end,
+                                    nxt, n_total, offs_m, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh,
+                                    drop_thresh, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, HAS_DROPOUT)
     acc, lse = fwd_finalize(acc, m_i, l_i, drop_scale, HAS_DROPOUT)  # lse in base 2, as flash.py keeps it
     row_ok = offs_m < seqlen_q
     tl.store(LSE + b64 * stride_lb + h * stride_lh + q_start + offs_m, lse, mask=row_ok)
@@ -290,26 +326,18 @@ def _bs_dkdv_program(pid_n, b, hk, q_start, k_start, Q, K, V, DO, DK, DV, LSE, D
         if VARLEN:
             n_fast, full_end, part_end = _row_reach(idx_ptr, n_full, n_total, seqlen_q, BLOCK_M, IDX_WIDTH)
         # Full query tiles lie wholly inside the sequence: no row masks on their loads.
-        for t in range(0, n_fast):
-            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
-            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
-                                         stride_dom, cur * BLOCK_M, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
-                                         seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT,
-                                         False)
+        dk, dv, nxt = _dkdv_stage(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, idx_ptr,
+                                  0, n_fast, nxt, n_total, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
+                                  drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_DROPOUT, False)
         if VARLEN:
-            for t in range(n_fast, full_end):
-                cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
-                dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
-                                             stride_dom, cur * BLOCK_M, offs_m, cols, offs_d, seqlen_q, diag,
-                                             qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, CAUSAL,
-                                             HAS_DROPOUT, True)
+            dk, dv, nxt = _dkdv_stage(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                      idx_ptr, n_fast, full_end, nxt, n_total, offs_m, cols, offs_d, seqlen_q, diag,
+                                      qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL,
+                                      HAS_DROPOUT, True)
             nxt = tl.load(idx_ptr + n_full, mask=n_full < n_total, other=0)
-        for t in range(n_full, part_end):
-            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
-            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
-                                         stride_dom, cur * BLOCK_M, offs_m, cols, offs_d, seqlen_q, diag, qk_scale,
-                                         seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, CAUSAL,
-                                         HAS_DROPOUT, True)
+        dk, dv, nxt = _dkdv_stage(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, idx_ptr,
+                                  n_full, part_end, nxt, n_total, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed,
+                                  bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, BLOCK_M, CAUSAL, HAS_DROPOUT, True)
     dk = dk * sm_scale
     ok = (cols[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM)
     rows64 = k_off + cols[:, None].to(tl.int64)
@@ -351,23 +379,17 @@ def _bs_dq_program(pid_m, b, h, q_start, k_start, Q, K, V, DO, DQ, LSE, DELTA, s
     if VARLEN:
         n_fast, full_end, part_end = _row_reach(idx_ptr, n_full, n_total, seqlen_k, BLOCK_N, IDX_WIDTH)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for t in range(0, n_fast):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
-        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N, rows,
-                               offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
-                               HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
+    dq, nxt = _dq_stage(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, idx_ptr, 0, n_fast, nxt, n_total,
+                        rows, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                        HEAD_DIM, BLOCK_D, BLOCK_N, False, False, HAS_DROPOUT)
     if VARLEN:
-        for t in range(n_fast, full_end):
-            cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
-            dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N,
-                                   rows, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
-                                   HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
+        dq, nxt = _dq_stage(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, idx_ptr, n_fast, full_end, nxt,
+                            n_total, rows, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, HAS_DROPOUT)
         nxt = tl.load(idx_ptr + n_full, mask=n_full < n_total, other=0)
-    for t in range(n_full, part_end):
-        cur, nxt = _next_tile(idx_ptr, t, nxt, n_total)
-        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, cur * BLOCK_N, rows,
-                               offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
-                               HEAD_DIM, BLOCK_D, CAUSAL, True, HAS_DROPOUT)
+    dq, nxt = _dq_stage(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, idx_ptr, n_full, part_end, nxt,
+                        n_total, rows, offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                        HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, HAS_DROPOUT)
     dq = dq * sm_scale
     ok = (rows[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DQ + b64 * stride_dqb + h * stride_dqh + (q_off + rows[:, None].to(tl.int64)) * stride_dqm

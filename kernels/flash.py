@@ -304,6 +304,32 @@ def seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN: tl.con
     return q_start, seqlen_q, k_start, seqlen_k
 
 
+@triton.jit
+def _query_program(cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, BLOCK_M: tl.constexpr,
+                   VARLEN: tl.constexpr, REVERSE: tl.constexpr):
+    """This program's query tile (start_m), batch x head (bh, b, h) and its sequence's bounds. REVERSE
+    (causal): the heaviest query tiles (the last ones) launch first, so the tail is short."""
+    start_m = ((tl.num_programs(0) - 1 - tl.program_id(0)) if REVERSE else tl.program_id(0)) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN)
+    return start_m, bh, b, h, q_start, seqlen_q, k_start, seqlen_k
+
+
+@triton.jit
+def _key_stages(start_m, seqlen_k, diag, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key range of a query tile in two loop stages: [0, mid) visible to every row (no mask), [mid, hi)
+    straddling the causal diagonal or the sequence end (masked)."""
+    if IS_CAUSAL:
+        hi = tl.minimum(seqlen_k, start_m + BLOCK_M + diag)
+        mid = tl.minimum(tl.maximum(start_m + diag + 1, 0) // BLOCK_N, seqlen_k // BLOCK_N) * BLOCK_N
+    else:
+        hi = seqlen_k
+        mid = (seqlen_k // BLOCK_N) * BLOCK_N
+    return mid, hi
+
+
 # ---------------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------------
@@ -318,12 +344,8 @@ def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seq
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                 REVERSE: tl.constexpr = False):
-    # REVERSE (causal): launch the heaviest query blocks (the last ones) first, so the tail is short.
-    start_m = ((tl.num_programs(0) - 1 - tl.program_id(0)) if REVERSE else tl.program_id(0)) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // nheads
-    h = bh % nheads
-    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN)
+    start_m, bh, b, h, q_start, seqlen_q, k_start, seqlen_k = _query_program(
+        cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, BLOCK_M, VARLEN, REVERSE)
     if start_m >= seqlen_q:
         return
     b64 = b.to(tl.int64)
@@ -345,13 +367,7 @@ def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seq
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
     diag = seqlen_k - seqlen_q
-    if IS_CAUSAL:
-        # Tiles left of `mid` are visible to every row of the block; [mid, hi) straddle the diagonal.
-        hi = tl.minimum(seqlen_k, start_m + BLOCK_M + diag)
-        mid = tl.minimum(tl.maximum(start_m + diag + 1, 0) // BLOCK_N, seqlen_k // BLOCK_N) * BLOCK_N
-    else:
-        hi = seqlen_k
-        mid = (seqlen_k // BLOCK_N) * BLOCK_N
+    mid, hi = _key_stages(start_m, seqlen_k, diag, IS_CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in range(0, mid, BLOCK_N):
         acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
                                        offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
@@ -468,12 +484,8 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                    REVERSE: tl.constexpr = False):
-    # REVERSE (causal): launch the heaviest query blocks (the last ones) first, so the tail is short.
-    start_m = ((tl.num_programs(0) - 1 - tl.program_id(0)) if REVERSE else tl.program_id(0)) * BLOCK_M
-    bh = tl.program_id(1)
-    b = bh // nheads
-    h = bh % nheads
-    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN)
+    start_m, bh, b, h, q_start, seqlen_q, k_start, seqlen_k = _query_program(
+        cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, BLOCK_M, VARLEN, REVERSE)
     if start_m >= seqlen_q:
         return
     b64 = b.to(tl.int64)
@@ -493,12 +505,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k
         seed = tl.load(SEED)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     diag = seqlen_k - seqlen_q
-    if IS_CAUSAL:
-        hi = tl.minimum(seqlen_k, start_m + BLOCK_M + diag)
-        mid = tl.minimum(tl.maximum(start_m + diag + 1, 0) // BLOCK_N, seqlen_k // BLOCK_N) * BLOCK_N
-    else:
-        hi = seqlen_k
-        mid = (seqlen_k // BLOCK_N) * BLOCK_N
+    mid, hi = _key_stages(start_m, seqlen_k, diag, IS_CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in range(0, mid, BLOCK_N):
         dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
                                offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
