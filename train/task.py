@@ -102,9 +102,10 @@ class Task(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
 
     def log_split(self, values: dict, prog_bar: tuple = ()):
-        # Metric objects already summed over ranks in compute(); nothing left to sync.
+        # compute() already summed the metric's states over ranks, so every rank holds the same value
+        # (sync_dist then averages equal numbers: it only keeps Lightning from warning).
         for name, value in values.items():
-            self.log(name, value.float(), prog_bar=name in prog_bar, sync_dist=False)
+            self.log(name, value.float(), prog_bar=name in prog_bar, sync_dist=True)
 
 
 class LMTask(Task):
