@@ -1,6 +1,6 @@
 """Train one config once per attention kind and tabulate speed, memory and perplexity.
 
-    python scripts/compare_attention.py experiment=gpt2s-embedded                  # standard, sdpa, flash
+    python scripts/compare_attention.py experiment=gpt2/small-embedded             # standard, sdpa, flash
     python scripts/compare_attention.py --attn standard,sdpa debug=smoke --out outputs/cmp
 
 Every extra argument is a Hydra override passed to each `train/run.py` run unchanged; only `attn=`
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import subprocess
 import sys
 import time
@@ -81,7 +82,10 @@ def main(argv=None):
         if p.returncode != 0 or not metrics.exists():
             lines = [ln for ln in (p.stderr + p.stdout).strip().splitlines()
                      if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
-            row["error"] = next((ln for ln in lines if "Error" in ln or "Could not" in ln), lines[-1] if lines else "?")[:200]
+            # the exception's own line (the last "...Error: ..."), else Hydra's summary line
+            cause = [ln for ln in lines if re.match(r"\s*[\w.]+(Error|Exception): ", ln)]
+            summary = next((ln for ln in lines if "Error" in ln or "Could not" in ln), lines[-1] if lines else "?")
+            row["error"] = (cause[-1].strip() if cause else summary)[:200]
         else:
             row.update(summarize(read_metrics(metrics)))
             row["series"] = read_metrics(metrics)
