@@ -2,7 +2,6 @@
 micro-batch, since the ranks stride over the same global sample stream, gradients are averaged, and
 the split metrics are sums over rank shards. Slow (two process launches)."""
 import csv
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,14 +12,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run(run_dir, *overrides):
-    env = dict(os.environ, PYTHONPATH=str(REPO / "tests"))
     cmd = [sys.executable, "train/run.py", "experiment=synthetic/classification", "debug=smoke",
-           "model._target_=test_train_standins.SequenceClassifier", "model.dropout=0", "model.attn_dropout=0",
+           "model.dropout=0", "model.attn_dropout=0",
            "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", "trainer.max_steps=6",
            "trainer.log_every_n_steps=3", "eval_every_steps=6", "trainer.limit_val_batches=null",
            "data.val_samples=50", "test_after_fit=false", "scheduler.warmup_steps=2", f"hydra.run.dir={run_dir}",
            *overrides]
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     with open(Path(run_dir) / "metrics.csv") as f:
         rows = list(csv.DictReader(f))

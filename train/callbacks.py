@@ -15,6 +15,8 @@ import time
 import lightning as L
 import torch
 
+from models.layers import transformer_flops
+
 # Dense bf16 tensor-core peaks (datasheets), matched as substrings of torch.cuda.get_device_name().
 PEAK_BF16_FLOPS = [
     ("H100 PCIe", 756e12),
@@ -39,27 +41,15 @@ def detect_peak_flops(device_name: str | None = None) -> float | None:
     return None
 
 
-def transformer_flops(n_params: int, n_layer: int, n_head: int, head_dim: int, tokens, sum_sq_len,
-                      causal: bool) -> float:
-    """Training FLOPs of `tokens` tokens in sequences whose squared lengths sum to `sum_sq_len`."""
-    attn = 12 * n_layer * n_head * head_dim * sum_sq_len
-    return 6 * n_params * tokens + (attn / 2 if causal else attn)
-
-
 def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int,
                     causal: bool = True) -> float:
-    """Per token of full-length sequences of seq_len tokens."""
+    """Training FLOPs per token of full-length sequences of seq_len tokens."""
     return transformer_flops(n_params, n_layer, n_head, head_dim, seq_len, seq_len**2, causal) / seq_len
 
 
 def model_flops(model, tokens, sum_sq_len) -> float | None:
-    """model.flops(tokens, sum_sq_len); for a model without it that has GPT-2's config, the causal formula."""
-    if hasattr(model, "flops"):
-        return float(model.flops(tokens, sum_sq_len))
-    c = getattr(model, "config", None)
-    if c is None or not hasattr(model, "num_params"):
-        return None
-    return transformer_flops(model.num_params(), c.n_layer, c.n_head, c.head_dim, tokens, sum_sq_len, causal=True)
+    """model.flops(tokens, sum_sq_len), or None for a model that does not say (no MFU then)."""
+    return float(model.flops(tokens, sum_sq_len)) if hasattr(model, "flops") else None
 
 
 class SpeedMonitor(L.Callback):
