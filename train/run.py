@@ -4,7 +4,7 @@
     python train/run.py model=gpt2 attn=sdpa data=corpus compile=true  # after scripts/prepare_corpus.py
     python train/run.py experiment=gpt2/small-corpus attn=flash        # the paper-style GPT-2 small run
     python train/run.py experiment=synthetic/mlm attn=flash            # masked LM on synthetic padded batches
-    python train/run.py debug=smoke hydra.run.dir=/tmp/smoke           # 20 tiny steps on a CPU (any experiment)
+    python train/run.py debug=smoke hydra.run.dir=outputs/smoke          # 20 tiny steps on a CPU (any experiment)
     python train/run.py ... ckpt_path=outputs/<run>/checkpoints/last.ckpt   # resume the same curve
     python train/run.py trainer=ddp trainer.devices=2 ...              # data-parallel on 2 GPUs
 
