@@ -48,7 +48,7 @@ class _EncoderModel(nn.Module):
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Parameter count; the 6N of the FLOP estimate leaves out position and token-type tables."""
         n = sum(p.numel() for p in self.parameters())
-        if exclude_position_embeddings:
+        if exclude_position_embeddings and self.embed.position is not None:
             n -= self.embed.position.weight.numel()
             if self.embed.token_type is not None:
                 n -= self.embed.token_type.weight.numel()
@@ -97,13 +97,13 @@ class SequenceClassifier(_EncoderModel):
     def __init__(self, vocab_size: int, num_classes: int, max_positions: int = 1024, d_model: int = 256,
                  n_layer: int = 4, n_head: int = 4, d_ff: int | None = None, dropout: float = 0.1,
                  attn_dropout: float = 0.1, pooling: str = "mean", two_inputs: bool = False, prenorm: bool = True,
-                 activation: str = "gelu", layer_norm_eps: float = 1e-5,
+                 activation: str = "gelu", layer_norm_eps: float = 1e-5, positions: str = "learned",
                  attention_factory: Callable | None = None):
         super().__init__()
         if pooling not in ("mean", "cls"):
             raise ValueError(f"unknown pooling {pooling!r}; choose 'mean' or 'cls'")
         self.pooling, self.two_inputs = pooling, two_inputs
-        self.embed = Embeddings(vocab_size, d_model, max_positions, dropout=dropout)
+        self.embed = Embeddings(vocab_size, d_model, max_positions, dropout=dropout, positions=positions)
         self.transformer = Transformer(n_layer, d_model, n_head, _default_attention(attention_factory),
                                        final_norm=prenorm, layer_norm_eps=layer_norm_eps, hidden=d_ff,
                                        prenorm=prenorm, activation=activation, attn_dropout=attn_dropout,

@@ -1,6 +1,6 @@
 """Transformer building blocks shared by every model family (GPT-2, BERT, the LRA classifiers).
 
-- `Embeddings`: token + learned position (+ token type) embeddings, optional LayerNorm, dropout.
+- `Embeddings`: token + learned or sinusoidal position (+ token type) embeddings, optional LayerNorm, dropout.
 - `MultiHeadAttention`: fused QKV projection -> the injected attention core -> output projection.
 - `MLP`: two linear layers around GELU (exact erf, as BERT, or tanh, as GPT-2).
 - `Block`: attention and MLP sublayers with residuals, pre-LayerNorm (GPT-2) or post-LayerNorm (BERT).
@@ -17,6 +17,7 @@ them to and from its HuggingFace names (`rename_state_dict`) when it reads or wr
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable
 
@@ -34,25 +35,43 @@ class Embeddings(nn.Module):
     LayerNorm (BERT) if `layer_norm_eps` is set, then dropout."""
 
     def __init__(self, vocab_size: int, dim: int, max_positions: int, type_vocab_size: int = 0,
-                 dropout: float = 0.0, layer_norm_eps: float | None = None):
+                 dropout: float = 0.0, layer_norm_eps: float | None = None, positions: str = "learned"):
         super().__init__()
+        if positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"unknown positions {positions!r}; choose 'learned' or 'sinusoidal'")
         self.word = nn.Embedding(vocab_size, dim)
-        self.position = nn.Embedding(max_positions, dim)
+        # sinusoidal (Vaswani et al., 2017; LRA's default): a fixed table, no parameter
+        self.position = nn.Embedding(max_positions, dim) if positions == "learned" else None
+        self.max_positions = max_positions
+        if positions == "sinusoidal":
+            self.register_buffer("sinusoid", sinusoidal_table(max_positions, dim), persistent=False)
         self.token_type = nn.Embedding(type_vocab_size, dim) if type_vocab_size else None
         self.norm = nn.LayerNorm(dim, eps=layer_norm_eps) if layer_norm_eps else None
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         n = input_ids.shape[1]
-        if n > self.position.num_embeddings:
-            raise ValueError(f"sequence length {n} exceeds the {self.position.num_embeddings} positions "
+        if n > self.max_positions:
+            raise ValueError(f"sequence length {n} exceeds the {self.max_positions} positions "
                              "the model was built with")
-        x = self.word(input_ids) + self.position(torch.arange(n, device=input_ids.device))
+        pos = self.sinusoid[:n] if self.position is None else self.position(torch.arange(n, device=input_ids.device))
+        x = self.word(input_ids) + pos
         if self.token_type is not None:
             x = x + (self.token_type(token_type_ids) if token_type_ids is not None else self.token_type.weight[0])
         if self.norm is not None:
             x = self.norm(x)
         return self.dropout(x)
+
+
+def sinusoidal_table(n: int, dim: int) -> torch.Tensor:
+    """(n, dim): sin in the first half of the features, cos in the second (timescales 1 .. 10^4),
+    the layout of LRA's AddPositionEmbs."""
+    half = dim // 2
+    inv = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float64) / max(1, half - 1))
+    angle = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
+    table = torch.zeros(n, dim, dtype=torch.float64)
+    table[:, :half], table[:, half:2 * half] = torch.sin(angle), torch.cos(angle)
+    return table.float()
 
 
 class MultiHeadAttention(nn.Module):
