@@ -1,9 +1,9 @@
 """IO-aware exact attention kernels behind one interface.
 
 - `flash_attn_func`, `flash_attn_varlen_func`: the fused Triton FlashAttention kernel (kernels/flash.py).
-- `blocksparse_attn_func` and the sparsity patterns: block-sparse FlashAttention (kernels/blocksparse.py).
+- `blocksparse_attn_func`, `blocksparse_attn_varlen_func` and the sparsity patterns: block-sparse FlashAttention (kernels/blocksparse.py).
 - `standard_attention`: the plain-PyTorch baseline and test reference (kernels/standard.py).
-- `kernels.attention`: the nn.Module wrappers that `configs/attn/*.yaml` name.
+- `kernels.attention`: the nn.Module wrappers that `configs/attn/*.yaml` name; `kernels.padding`: PackedBatch.
 
 Kernel modules import triton lazily so that the standard path works where triton is absent.
 """
@@ -13,6 +13,7 @@ _LAZY = {
     "flash_attn_func": "kernels.flash",
     "flash_attn_varlen_func": "kernels.flash",
     "blocksparse_attn_func": "kernels.blocksparse",
+    "blocksparse_attn_varlen_func": "kernels.blocksparse",
 }
 
 

@@ -204,8 +204,8 @@ def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, str
     to this head's LSE (base-2 units, as the forward stores it) and delta rows; offs_m:
     tl.arange(0, BLOCK_M); with MASK_ROWS, rows >= seqlen_q are masked on load (they contribute
     zero); pass MASK_ROWS=False for tiles wholly inside the sequence: the unmasked loads made the
-    block-sparse dK/dV kernel 4-9% faster on an H100 (results/blocksparse/bwd_variants.log), while
-    the dense kernel showed no difference (results/attention/even_rows_ab/), so it masks always. Keys
+    block-sparse dK/dV kernel 4-9% faster on an H100 (results/archive/blocksparse/bwd_variants.log), while
+    the dense kernel showed no difference (results/archive/attention/even_rows_ab/), so it masks always. Keys
     >= seqlen_k need no mask: their dK/dV rows are not stored. MASK_CAUSAL applies the bottom-right
     causal mask. Returns the new (dk, dv).
     """

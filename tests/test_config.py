@@ -16,7 +16,7 @@ register_resolvers()
 
 def cfg_for(*overrides):
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", overrides=[*overrides, "output_dir=/tmp/unused"])
+        return compose("config", overrides=[*overrides, "output_dir=outputs/compose-only"])
 
 
 def test_unknown_attn_lists_the_choices_on_the_command_line():

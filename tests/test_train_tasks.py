@@ -134,7 +134,7 @@ def test_schedule_shapes(decay, values):
 
 def test_scheduler_configs_compose_to_their_decay():
     for name, decay in [("cosine", "cosine"), ("linear", "linear"), ("poly", "poly"), ("constant", "constant")]:
-        cfg = compose(f"scheduler={name}", "output_dir=/tmp/unused")
+        cfg = compose(f"scheduler={name}", "output_dir=outputs/compose-only")
         assert cfg.scheduler.decay == decay and cfg.scheduler.max_steps == cfg.trainer.max_steps
 
 
