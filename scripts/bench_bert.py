@@ -1,0 +1,292 @@
+"""BERT pretraining throughput on real padded batches: HuggingFace BertForPreTraining vs ours, one GPU.
+
+    python scripts/bench_bert.py                                  # every row -> results/bert/bench_bert.{md,json}
+    python scripts/bench_bert.py --rows ours-flash,hf-sdpa --steps 20
+    python scripts/bench_bert.py --data-dir data/cache/bert/corpus-512   # after prepare_bert.py --source corpus
+
+The batches: MLPerf-style examples of the committed corpus (train/bert_data.py, prepared on first use;
+sequence 512, natural length mix, every batch padded to 512 as MLPerf's records are), the same stream
+for every row. Model: BERT-large (--model), random initialisation, dropout 0.1, bf16 autocast, LAMB
+(pytorch_optimizer, MLPerf's numbers), gradient clipping 1.0, loss = masked LM + next sentence.
+
+Rows (each in its own process: clean peak memory, no shared compile caches), with and without torch.compile:
+  hf-eager, hf-sdpa[-compile]   transformers.BertForPreTraining (attn_implementation eager / sdpa): padded
+                                batches, attention mask, prediction logits at every position, labels -100
+                                except at the masked positions (HF's own pretraining loss)
+  ours-standard/sdpa/flash[-compile]   the real train/run.py path (experiment=bert/large-mlperf, MLMTask,
+                                BertDataModule, lightning.Trainer; checkpoints, loggers, progress bar off):
+                                padding removed once per forward, MLM logits only at the masked positions
+tokens/s counts real tokens only (attention_mask), the same count for every row; the padding fraction
+of the timed batches is stated. MFU uses the same model FLOPs for every row (6N per real token + the
+attention term of the real lengths). Writes bench_bert.json and bench_bert.md (GPU, versions, date,
+command) to --out; relative paths count from the repo root.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import traceback
+
+from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata
+
+repo_root()
+
+HF_ROWS = ["hf-eager", "hf-sdpa", "hf-eager-compile", "hf-sdpa-compile"]
+OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False), "ours-flash": ("flash", False),
+        "ours-standard-compile": ("standard", True), "ours-sdpa-compile": ("sdpa", True),
+        "ours-flash-compile": ("flash", True)}
+ROWS = HF_ROWS + list(OURS)
+MODELS = {  # name -> encoder sizes (models/bert.py keyword names)
+    "large": dict(d_model=1024, n_layer=24, n_head=16, d_ff=4096),
+    "base": dict(d_model=768, n_layer=12, n_head=12, d_ff=3072),
+    "tiny": dict(d_model=64, n_layer=2, n_head=4, d_ff=256),  # CPU checks of the script itself
+}
+
+
+def datamodule(args, num_samples: int):
+    from train.bert_data import BertDataModule
+
+    dm = BertDataModule(format="prepared", source=args.data_source, data_dir=args.data_dir, seq_len=args.seq_len,
+                        batch_size=args.batch, num_workers=2, seed=args.seed, num_samples=num_samples)
+    dm.setup()
+    return dm
+
+
+def timed_lengths(args):
+    """Real lengths of the timed batches' sequences (samples warmup*B .. (warmup+steps)*B of the stream)."""
+    import numpy as np
+
+    from train.bert_data import Shuffled
+
+    dm = datamodule(args, (args.warmup + args.steps) * args.batch)
+    stream = Shuffled(dm.train_set, args.seed, (args.warmup + args.steps) * args.batch)
+    idx = range(args.warmup * args.batch, (args.warmup + args.steps) * args.batch)
+    return np.array([len(stream[i]["input_ids"]) for i in idx])
+
+
+def bert_sizes(args) -> dict:
+    return dict(vocab_size=30522, max_positions=args.seq_len, **MODELS[args.model])
+
+
+def run_hf(args, attn_impl: str, compile_: bool) -> dict:
+    import torch
+    import transformers
+    from pytorch_optimizer import Lamb
+
+    from models.bert import BertConfig
+    from train.optim import no_decay_names, param_groups
+
+    torch.manual_seed(args.seed)
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    s = bert_sizes(args)
+    ours_cfg = BertConfig(vocab_size=s["vocab_size"], hidden_size=s["d_model"], num_hidden_layers=s["n_layer"],
+                          num_attention_heads=s["n_head"], intermediate_size=s["d_ff"],
+                          max_position_embeddings=s["max_positions"])
+    cfg = transformers.BertConfig(**{k: v for k, v in ours_cfg.to_hf_dict().items() if k != "architectures"})
+    model = transformers.BertForPreTraining._from_config(cfg, attn_implementation=attn_impl)
+    if model.config._attn_implementation != attn_impl:
+        raise RuntimeError(f"asked for {attn_impl}, got {model.config._attn_implementation}")
+    model = model.to(dev).train()
+    opt = Lamb(param_groups(model, no_decay_names(model)), lr=3.5e-4, betas=(0.9, 0.999), weight_decay=0.01, eps=1e-6)
+    fwd = torch.compile(model) if compile_ else model
+    total = args.warmup + args.steps
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    loss, t0 = None, None
+    for step, batch in enumerate(datamodule(args, total * args.batch).train_dataloader()):
+        if step == args.warmup:
+            sync()
+            t0 = time.perf_counter()
+        batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+        labels = torch.full_like(batch["input_ids"], -100)
+        valid = batch["mlm_labels"] != -100
+        labels.scatter_(1, batch["mlm_positions"].masked_fill(~valid, 0), batch["mlm_labels"].masked_fill(~valid, -100))
+        labels[:, 0] = -100  # slot 0 of an empty prediction row pointed at [CLS]
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+            out = fwd(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long(),
+                      token_type_ids=batch["token_type_ids"], labels=labels,
+                      next_sentence_label=batch["nsp_labels"])
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = out.loss
+    sync()
+    dt = time.perf_counter() - t0
+    return {"seconds": dt, "loss": float(loss.detach()), "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0}
+
+
+def run_ours(args, attn: str, compile_: bool) -> dict:
+    import lightning as L
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, register_resolvers
+    from train.run import build
+
+    register_resolvers()
+    total = args.warmup + args.steps
+    cuda = torch.cuda.is_available()
+
+    class Timer(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == args.warmup and not hasattr(self, "t0"):
+                cuda and torch.cuda.synchronize()
+                self.t0 = time.perf_counter()
+            if trainer.global_step == total:
+                cuda and torch.cuda.synchronize()
+                self.t1 = time.perf_counter()
+                self.loss = float(outputs["loss"])
+
+    sizes = [f"model.{k}={v}" for k, v in bert_sizes(args).items()]
+    overrides = [
+        "experiment=bert/large-mlperf", f"attn={attn}", f"compile={str(compile_).lower()}", f"seed={args.seed}",
+        *sizes, f"data.batch_size={args.batch}", f"data.source={args.data_source}", f"data.data_dir={args.data_dir}",
+        "global_batch_size=null", f"trainer.max_steps={total}", "trainer.limit_val_batches=0",
+        "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
+        f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
+        f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}",
+        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}", "scheduler.warmup_steps=0",
+    ]
+    if not cuda:
+        overrides.append("trainer.accelerator=cpu")
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    datamodule_, task, trainer = build(cfg)
+    timer = Timer()
+    trainer.callbacks.append(timer)
+    trainer.fit(task, datamodule=datamodule_)
+    return {"seconds": timer.t1 - timer.t0, "loss": timer.loss,
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+            "overrides": [rel_arg(o) for o in overrides]}
+
+
+def one_row(args) -> dict:
+    name = args.row
+    if name.startswith("hf-"):
+        res = run_hf(args, name.split("-")[1], name.endswith("-compile"))
+    else:
+        attn, comp = OURS[name]
+        res = run_ours(args, attn, comp)
+    lengths = timed_lengths(args)
+    res.update(row=name, steps=args.steps, warmup=args.warmup, batch=args.batch, seq_len=args.seq_len,
+               model=args.model, real_tokens=int(lengths.sum()), sum_sq_len=int((lengths ** 2).sum()))
+    return res
+
+
+def derive(rows: list[dict], peak_flops: float | None = None, flops_of=None) -> list[dict]:
+    """tokens/s (real tokens), step time, ratio to hf-sdpa, MFU (when the peak and a FLOP count are known)."""
+    base = next((r for r in rows if r["row"] == "hf-sdpa" and "seconds" in r), None)
+    for r in rows:
+        if "seconds" not in r:
+            continue
+        r["tokens_per_s"] = r["real_tokens"] / r["seconds"]
+        r["step_ms"] = 1000 * r["seconds"] / r["steps"]
+        r["vs_hf_sdpa"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+        if peak_flops and flops_of:
+            r["mfu"] = flops_of(r) / r["seconds"] / peak_flops
+    return rows
+
+
+def markdown(rows: list[dict], env: dict) -> str:
+    first = next((r for r in rows if "real_tokens" in r), {})
+    lines = markdown_header(f"BERT-{first.get('model', '?')} pretraining throughput, real padded batches", env) + [
+        f"Data: {env['data']}. Micro-batch {first.get('batch')}, every batch padded to {first.get('seq_len')} tokens; "
+        f"padding fraction of the timed batches {env['padding_fraction']:.3f} (mean real length "
+        f"{env['mean_length']:.0f}). bf16 autocast, LAMB, clip 1.0, dropout 0.1; {first.get('warmup')} warm-up "
+        f"steps, then {first.get('steps')} timed. tokens/s counts real tokens only.",
+        "",
+        "| row | tokens/s (real) | step (ms) | vs hf-sdpa | MFU | peak mem (GiB) | loss at end |",
+        "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "tokens_per_s" not in r:
+            err = (r.get("error") or "?").strip().splitlines() or ["?"]
+            lines.append(f"| {r['row']} | failed: {err[-1][:120]} | | | | | |")
+            continue
+        ratio = f"{r['vs_hf_sdpa']:.2f}x" if r.get("vs_hf_sdpa") else "-"
+        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
+        lines.append(f"| {r['row']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {ratio} | {mfu} | "
+                     f"{r['peak_mem_gib']:.1f} | {r['loss']:.3f} |")
+    flash = next((r for r in rows if r["row"] == "ours-flash" and r.get("vs_hf_sdpa")), None)
+    if flash:
+        lines += ["", f"Target (issue 10): ours-flash >= 2x hf-sdpa in real tokens/s: {flash['vs_hf_sdpa']:.2f}x, "
+                      f"{'PASS' if flash['vs_hf_sdpa'] >= 2 else 'MISS'}."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: run one row, print JSON
+    ap.add_argument("--model", default="large", choices=sorted(MODELS))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--data-dir", default=None, help="prepared BERT examples (default data/cache/bert/embedded-<seq-len>)")
+    ap.add_argument("--data-source", default="embedded", choices=["embedded", "corpus", "wikipedia"])
+    ap.add_argument("--row-timeout", type=int, default=300)
+    ap.add_argument("--workdir", default="outputs/bench_bert", help="scratch output of the ours-* rows")
+    ap.add_argument("--out", default="results/bert")
+    args = ap.parse_args()
+    args.data_dir = str(repo_path(args.data_dir or f"data/cache/bert/{args.data_source}-{args.seq_len}"))
+    args.workdir = str(repo_path(args.workdir))
+
+    if args.row:
+        print("ROWJSON " + json.dumps(one_row(args)), flush=True)
+        return
+
+    if args.data_source == "embedded":
+        from train.bert_data import Settings, max_predictions_for, prepare
+
+        prepare("embedded", args.data_dir, Settings(max_seq_len=args.seq_len,
+                                                    max_predictions=max_predictions_for(args.seq_len)))
+    lengths = timed_lengths(args)
+    env = dict(run_metadata(libs=("transformers",)), data=f"{args.data_source} ({rel(args.data_dir)})",
+               padding_fraction=float(1 - lengths.mean() / args.seq_len), mean_length=float(lengths.mean()))
+    rows = []
+    for name in args.rows.split(","):
+        cmd = [sys.executable, __file__, "--row", name, "--model", args.model, "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
+               "--seed", str(args.seed), "--data-dir", args.data_dir, "--data-source", args.data_source,
+               "--workdir", args.workdir]
+        t = time.time()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROWJSON ")]
+            if p.returncode == 0 and line:
+                rows.append(json.loads(line[-1][8:]))
+            else:
+                rows.append({"row": name, "error": "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])})
+        except subprocess.TimeoutExpired:
+            rows.append({"row": name, "error": f"timed out after {args.row_timeout} s"})
+        except Exception:
+            rows.append({"row": name, "error": traceback.format_exc()[-2000:]})
+        rows[-1]["wall_s"] = time.time() - t
+        print(name, {k: v for k, v in rows[-1].items() if k != "overrides"}, flush=True)
+
+    from models.bert import BertForPreTraining
+    from train.callbacks import detect_peak_flops
+
+    ref = BertForPreTraining(**bert_sizes(args))
+    derive(rows, detect_peak_flops(), lambda r: ref.flops(r["real_tokens"], r["sum_sq_len"]))
+    out = repo_path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_bert.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    md = markdown(rows, env)
+    (out / "bench_bert.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""scripts/bench_bert.py on a CPU: the report arithmetic on synthetic rows, each row kind run in-process on
+a tiny BERT and tiny prepared data, and (slow) the whole script end to end in subprocesses."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench_bert as bench  # noqa: E402
+
+META = dict(gpu="test GPU", date="2026-01-01", torch="t", triton="t", cuda="c", transformers="x", command="python x",
+            data="embedded (data/cache/bert/embedded-512)", padding_fraction=0.176, mean_length=422.0)
+
+
+def _row(name, seconds, **kw):
+    return dict(row=name, seconds=seconds, steps=10, warmup=2, batch=16, seq_len=512, model="large",
+                real_tokens=67_520, sum_sq_len=3_000_000, loss=7.5, peak_mem_gib=30.0, **kw)
+
+
+def test_report_ratios_mfu_and_target():
+    rows = [_row("hf-sdpa", 2.0), _row("ours-flash", 0.8), _row("ours-standard", 1.5),
+            {"row": "hf-eager-compile", "error": "Traceback\nRuntimeError: boom"}]
+    bench.derive(rows, peak_flops=1e15, flops_of=lambda r: 1e14)
+    assert rows[1]["tokens_per_s"] == pytest.approx(67_520 / 0.8) and rows[1]["vs_hf_sdpa"] == pytest.approx(2.5)
+    assert rows[0]["step_ms"] == pytest.approx(200.0) and rows[1]["mfu"] == pytest.approx(0.125)
+    md = bench.markdown(rows, META)
+    assert "padding fraction of the timed batches 0.176" in md and "real tokens only" in md
+    flash = next(line for line in md.splitlines() if line.startswith("| ours-flash |"))
+    assert [c.strip() for c in flash.strip("|").split("|")][1:5] == ["84,400", "80.0", "2.50x", "12.5%"]
+    assert "| hf-eager-compile | failed: RuntimeError: boom |" in md
+    assert "2.50x, PASS" in md
+    slow = bench.derive([_row("hf-sdpa", 1.0), _row("ours-flash", 0.9)])
+    assert "MISS" in bench.markdown(slow, META) and slow[1].get("mfu") is None
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    import gzip
+
+    from train import bert_data as bd
+
+    with gzip.open(bd.EMBEDDED, "rt") as f:
+        texts = [json.loads(line)["text"] for line in f][-8:]
+    out = tmp_path_factory.mktemp("bench") / "tiny-64"
+    bd.prepare_examples(texts, out, bd.Settings(max_seq_len=64, max_predictions=9, dupe_factor=1, val_fraction=0.2),
+                        stamp="tiny", num_proc=1)
+    return out
+
+
+def _args(tiny_data, tmp_path, row):
+    return argparse.Namespace(row=row, model="tiny", steps=2, warmup=1, batch=4, seq_len=64, seed=0,
+                              data_dir=str(tiny_data), data_source="corpus", workdir=str(tmp_path))
+
+
+@pytest.mark.parametrize("row", ["hf-sdpa", "ours-sdpa"])
+def test_rows_run_in_process_on_a_tiny_bert(tiny_data, tmp_path, row):
+    r = bench.one_row(_args(tiny_data, tmp_path, row))
+    assert r["seconds"] > 0 and r["loss"] > 0 and r["row"] == row
+    lengths = bench.timed_lengths(_args(tiny_data, tmp_path, row))
+    assert r["real_tokens"] == lengths.sum() <= 2 * 4 * 64 and len(lengths) == 8
+
+
+@pytest.mark.slow
+def test_end_to_end_on_cpu(tiny_data, tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run([sys.executable, "scripts/bench_bert.py", "--model", "tiny", "--seq-len", "64", "--batch", "4",
+                        "--steps", "2", "--warmup", "1", "--data-dir", str(tiny_data), "--data-source", "corpus",
+                        "--rows", "hf-eager,hf-sdpa,ours-standard,ours-flash", "--out", str(tmp_path / "out"),
+                        "--workdir", str(tmp_path / "work")], cwd=REPO, capture_output=True, text=True,
+                       timeout=900, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads((tmp_path / "out" / "bench_bert.json").read_text())
+    assert [r["row"] for r in data["rows"]] == ["hf-eager", "hf-sdpa", "ours-standard", "ours-flash"]
+    assert all("tokens_per_s" in r for r in data["rows"]), data["rows"]
+    md = (tmp_path / "out" / "bench_bert.md").read_text()
+    assert "| ours-flash |" in md and "padding fraction" in md
