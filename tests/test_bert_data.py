@@ -244,3 +244,27 @@ def test_mlperf_hdf5_records(tmp_path):
         bd.MLPerfHDF5Examples(tmp_path / "nokey.hdf5")
     with pytest.raises(FileNotFoundError, match="no MLPerf HDF5 files"):
         bd.MLPerfHDF5Examples(tmp_path / "nothing*.hdf5")
+
+
+def test_prepare_script_cli(tmp_path, monkeypatch, capsys):
+    """scripts/prepare_bert.py end to end on a local stand-in for Wikipedia (the hub path with local files)."""
+    pytest.importorskip("pyarrow")
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, str(bd.REPO / "scripts"))
+    import prepare_bert
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    pq.write_table(pa.table({"text": _docs(5)}), tmp_path / "w.parquet")
+    argv = ["--source", "wikipedia", "--hf-path", "parquet", "--hf-data-files", str(tmp_path / "w.parquet"),
+            "--out", str(tmp_path / "out"), "--max-seq-len", "64", "--dupe-factor", "1", "--num-proc", "1",
+            "--val-fraction", "0.2"]
+    prepare_bert.main(argv)
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["settings"]["max_predictions"] == 9 and meta["settings"]["max_seq_len"] == 64
+    capsys.readouterr()
+    prepare_bert.main(argv)  # idempotent
+    assert "up to date" in capsys.readouterr().out
