@@ -400,7 +400,7 @@ def _chunk(args):
 
 
 def generate(resolution: int, difficulty: str, num: int, seed: int, out_dir, workers: int | None = None,
-             progress: bool = True, chunk: int = 64) -> dict:
+             progress: bool = True, chunk: int | None = None) -> dict:
     """Write out_dir/images.npy (uint8 (num, R, R)), labels.npy (uint8 0/1) and meta.json.
 
     A second call with the same settings finds meta.json's stamp and does nothing. meta.json is written
@@ -422,6 +422,7 @@ def generate(resolution: int, difficulty: str, num: int, seed: int, out_dir, wor
     del images, labels  # the workers reopen them
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    chunk = chunk or max(8, min(256, -(-num // (max(workers, 1) * 16))))  # ~16 chunks per worker: even finish
     jobs = [(str(out), resolution, difficulty, seed, s, min(s + chunk, num)) for s in range(0, num, chunk)]
     from tqdm import tqdm
 
