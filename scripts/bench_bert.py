@@ -197,6 +197,24 @@ def derive(rows: list[dict], peak_flops: float | None = None, flops_of=None) -> 
     return rows
 
 
+def merge_rows(old: dict, new_rows: list[dict], env: dict) -> tuple[list[dict], dict]:
+    """Rows of an earlier run that this one did not redo, plus this run's, in ROWS order; the commands of
+    both runs are recorded. Runs with other data or sizes are refused (their numbers do not compare)."""
+    keys = ("data", "padding_fraction")
+    if any(old["env"].get(k) != env.get(k) for k in keys):
+        raise ValueError(f"--merge: {args_of(old['env'])} differs from this run's {args_of(env)}")
+    redone = {r["row"] for r in new_rows}
+    rows = [r for r in old["rows"] if r["row"] not in redone] + new_rows
+    order = {name: i for i, name in enumerate(ROWS)}
+    rows.sort(key=lambda r: order.get(r["row"], len(order)))
+    env = dict(env, command=f"{old['env']['command']}; {env['command']}")
+    return rows, env
+
+
+def args_of(env: dict) -> str:
+    return f"data {env.get('data')}, padding fraction {env.get('padding_fraction')}"
+
+
 def markdown(rows: list[dict], env: dict) -> str:
     first = next((r for r in rows if "real_tokens" in r), {})
     lines = markdown_header(f"BERT-{first.get('model', '?')} pretraining throughput, real padded batches", env) + [
@@ -238,6 +256,9 @@ def main():
     ap.add_argument("--row-timeout", type=int, default=300)
     ap.add_argument("--workdir", default="outputs/bench_bert", help="scratch output of the ours-* rows")
     ap.add_argument("--out", default="results/bert")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of an existing bench_bert.json in --out that this run does not redo "
+                         "(split the rows over several device calls)")
     args = ap.parse_args()
     args.data_dir = str(repo_path(args.data_dir or f"data/cache/bert/{args.data_source}-{args.seq_len}"))
     args.workdir = str(repo_path(args.workdir))
@@ -278,10 +299,12 @@ def main():
     from models.bert import BertForPreTraining
     from train.callbacks import detect_peak_flops
 
-    ref = BertForPreTraining(**bert_sizes(args))
-    derive(rows, detect_peak_flops(), lambda r: ref.flops(r["real_tokens"], r["sum_sq_len"]))
     out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge and (out / "bench_bert.json").exists():
+        rows, env = merge_rows(json.loads((out / "bench_bert.json").read_text()), rows, env)
+    ref = BertForPreTraining(**bert_sizes(args))
+    derive(rows, detect_peak_flops(), lambda r: ref.flops(r["real_tokens"], r["sum_sq_len"]))
     (out / "bench_bert.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     md = markdown(rows, env)
     (out / "bench_bert.md").write_text(md)

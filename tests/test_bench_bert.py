@@ -80,3 +80,12 @@ def test_end_to_end_on_cpu(tiny_data, tmp_path):
     assert all("tokens_per_s" in r for r in data["rows"]), data["rows"]
     md = (tmp_path / "out" / "bench_bert.md").read_text()
     assert "| ours-flash |" in md and "padding fraction" in md
+
+
+def test_merge_keeps_rows_from_an_earlier_call():
+    old = {"env": dict(META, command="python a"), "rows": [_row("ours-flash", 1.0), _row("hf-sdpa", 3.0)]}
+    rows, env = bench.merge_rows(old, [_row("hf-sdpa", 2.0), _row("hf-eager", 4.0)], dict(META, command="python b"))
+    assert [r["row"] for r in rows] == ["hf-eager", "hf-sdpa", "ours-flash"] and rows[1]["seconds"] == 2.0
+    assert env["command"] == "python a; python b"
+    with pytest.raises(ValueError, match="differs"):
+        bench.merge_rows(old, [], dict(META, padding_fraction=0.3))
