@@ -34,7 +34,8 @@ of having no atomics.
 
 Layout of this module (the parts marked SHARED are the building blocks kernels/blocksparse.py is meant to reuse):
 @triton.jit building blocks -> @triton.jit kernels -> host launchers with input checks ->
-autograd.Function -> public `flash_attn_func` / `flash_attn_varlen_func`.
+PyTorch custom operators `flashattn::fwd` / `flashattn::bwd` (fake implementations and autograd registered,
+so torch.compile(fullgraph=True) traces through them) -> public `flash_attn_func` / `flash_attn_varlen_func`.
 """
 from __future__ import annotations
 
@@ -795,23 +796,61 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     return dq, dk, dv
 
 
-class _FlashAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, varlen, cu_q, cu_k, max_q, max_k):
-        q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
-        o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k)
-        ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
-        ctx.args = (softmax_scale, causal, dropout_p, varlen, max_q, max_k)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+# ---------------------------------------------------------------------------------------------------
+# PyTorch custom operators: torch.compile sees two opaque ops with fake (shape-only) implementations,
+# never the launchers or the autotuner behind them, so compiled models keep one graph.
+# ---------------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
-        softmax_scale, causal, dropout_p, varlen, max_q, max_k = ctx.args
-        dq, dk, dv = _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k,
-                                max_q, max_k)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+@torch.library.custom_op("flashattn::fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None,
+            max_q: int, max_k: int, softmax_scale: float, causal: bool,
+            dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, base-2 LSE, dropout seed). An op's outputs may not alias each other, so without dropout the
+    seed is a fresh zero tensor rather than a placeholder pointer."""
+    o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k, max_q, max_k)
+    if dropout_p == 0:
+        seed = torch.zeros(1, dtype=torch.int64, device=q.device)
+    return o, lse, seed
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
+    nheads = q.shape[-2]
+    lse_shape = (nheads, q.shape[0]) if cu_q is not None else (q.shape[0], nheads, q.shape[1])
+    return (q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32),
+            q.new_empty((1,), dtype=torch.int64))
+
+
+@torch.library.custom_op("flashattn::bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+            seed: torch.Tensor, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int,
+            softmax_scale: float, causal: bool, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k,
+                      max_q, max_k)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(do, q, k, v, o, lse, seed, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p = inputs
+    o, lse, seed = output
+    ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
+    ctx.args = (max_q, max_k, softmax_scale, causal, dropout_p)
+    ctx.mark_non_differentiable(lse, seed)
+
+
+def _fwd_backward(ctx, do, dlse, dseed):
+    q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k, softmax_scale, causal, dropout_p = ctx.args
+    dq, dk, dv = _bwd_op(do, q, k, v, o, lse, seed, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
 def _public_lse(lse2: torch.Tensor) -> torch.Tensor:
@@ -828,8 +867,8 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     """
     check_inputs(q, k, v, dropout_p=dropout_p)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    out, lse = _FlashAttnFunc.apply(q, k, v, float(dropout_p), float(scale), bool(causal), False, None, None,
-                                    q.shape[1], k.shape[1])
+    q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
+    out, lse, _ = _fwd_op(q, k, v, None, None, q.shape[1], k.shape[1], float(scale), bool(causal), float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
 
 
@@ -847,8 +886,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                  cu_seqlens_k=cu_seqlens_k if check_seqlens else None, max_seqlen_q=max_seqlen_q,
                  max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    out, lse = _FlashAttnFunc.apply(q, k, v, float(dropout_p), float(scale), bool(causal), True, cu_seqlens_q,
-                                    cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+    q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
+    out, lse, _ = _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(scale),
+                          bool(causal), float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
 
 

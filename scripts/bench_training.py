@@ -10,7 +10,7 @@ own process (clean peak-memory numbers, no cross-talk between torch.compile cach
 optimizer steps untimed, then `--steps` timed with a device sync at both ends.
 
 Rows: hf-eager / hf-sdpa (transformers' own training step: attn_implementation "eager" / "sdpa"),
-ours-standard / ours-sdpa / ours-sdpa-compile / ours-flash (the real `train/run.py` path: the
+ours-standard / ours-sdpa / ours-sdpa-compile / ours-flash / ours-flash-compile (the real `train/run.py` path: the
 composed Hydra config, LMTask and LMDataModule driven by lightning.Trainer, with the checkpoint,
 logger and progress-bar extras off so that only the training loop is timed).
 Writes bench_training.json and bench_training.md (GPU, versions, date, command) to --out; relative
@@ -29,9 +29,9 @@ from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_met
 
 repo_root()
 
-ROWS = ["hf-eager", "hf-sdpa", "ours-standard", "ours-sdpa", "ours-sdpa-compile", "ours-flash"]
+ROWS = ["hf-eager", "hf-sdpa", "ours-standard", "ours-sdpa", "ours-sdpa-compile", "ours-flash", "ours-flash-compile"]
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False),
-        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False)}
+        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False), "ours-flash-compile": ("flash", True)}
 
 
 def _windows(data_dir: str, seq_len: int, n: int, seed: int):
