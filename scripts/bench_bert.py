@@ -185,13 +185,13 @@ def one_row(args) -> dict:
 
 def derive(rows: list[dict], peak_flops: float | None = None, flops_of=None) -> list[dict]:
     """tokens/s (real tokens), step time, ratio to hf-sdpa, MFU (when the peak and a FLOP count are known)."""
-    base = next((r for r in rows if r["row"] == "hf-sdpa" and "seconds" in r), None)
+    base = next((r["real_tokens"] / r["seconds"] for r in rows if r["row"] == "hf-sdpa" and "seconds" in r), None)
     for r in rows:
         if "seconds" not in r:
             continue
         r["tokens_per_s"] = r["real_tokens"] / r["seconds"]
         r["step_ms"] = 1000 * r["seconds"] / r["steps"]
-        r["vs_hf_sdpa"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+        r["vs_hf_sdpa"] = r["tokens_per_s"] / base if base else None
         if peak_flops and flops_of:
             r["mfu"] = flops_of(r) / r["seconds"] / peak_flops
     return rows

@@ -24,11 +24,12 @@ def _row(name, seconds, **kw):
 
 
 def test_report_ratios_mfu_and_target():
-    rows = [_row("hf-sdpa", 2.0), _row("ours-flash", 0.8), _row("ours-standard", 1.5),
+    rows = [_row("hf-eager", 4.0), _row("hf-sdpa", 2.0), _row("ours-flash", 0.8), _row("ours-standard", 1.5),
             {"row": "hf-eager-compile", "error": "Traceback\nRuntimeError: boom"}]
     bench.derive(rows, peak_flops=1e15, flops_of=lambda r: 1e14)
-    assert rows[1]["tokens_per_s"] == pytest.approx(67_520 / 0.8) and rows[1]["vs_hf_sdpa"] == pytest.approx(2.5)
-    assert rows[0]["step_ms"] == pytest.approx(200.0) and rows[1]["mfu"] == pytest.approx(0.125)
+    assert rows[2]["tokens_per_s"] == pytest.approx(67_520 / 0.8) and rows[2]["vs_hf_sdpa"] == pytest.approx(2.5)
+    assert rows[1]["step_ms"] == pytest.approx(200.0) and rows[2]["mfu"] == pytest.approx(0.125)
+    assert rows[0]["vs_hf_sdpa"] == pytest.approx(0.5)  # a row before hf-sdpa
     md = bench.markdown(rows, META)
     assert "padding fraction of the timed batches 0.176" in md and "real tokens only" in md
     flash = next(line for line in md.splitlines() if line.startswith("| ours-flash |"))
