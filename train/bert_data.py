@@ -48,10 +48,10 @@ CACHE = REPO / "data" / "cache" / "bert"
 IGNORE = -100
 PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103  # bert-base-uncased ids (checked against the vocab file)
 FORMAT_VERSION = 1  # bump when the example algorithm or the layout changes: it enters the stamp
-PREPARE_CMD = {
-    "embedded": "python scripts/prepare_bert.py  (data=bert also prepares it on first use)",
+PREPARE_CMD = {  # data=bert (embedded) and data=wikipedia also prepare on first use
+    "embedded": "python scripts/prepare_bert.py",
     "corpus": "python scripts/prepare_bert.py --source corpus",
-    "wikipedia": "python scripts/prepare_bert.py --source wikipedia  (needs a network: HF datasets)",
+    "wikipedia": "python scripts/prepare_bert.py --source wikipedia",
 }
 ARRAYS = ("input_ids", "offsets", "type0_len", "nsp_labels", "mlm_positions", "mlm_ids", "mlm_count")
 
@@ -360,7 +360,9 @@ def read_texts(source: str, hf_path: str | None = None, hf_name: str | None = No
 
         path = Path(text_file or EMBEDDED)
         if not path.exists():
-            raise FileNotFoundError(f"text file {path} is missing; prepare it with: {PREPARE_CMD[source]}")
+            how = ("it is committed to the repo (git checkout data/embedded/corpus.jsonl.gz)" if source == "embedded"
+                   else f"fetch it with: {PREPARE_CMD[source]}")
+            raise FileNotFoundError(f"text file {path} is missing; {how}")
         with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as f:
             texts = [json.loads(line)["text"] for line in f if line.strip()]
         return texts, f"{source}|{file_digest([path])}"
@@ -586,7 +588,10 @@ class BertDataModule(ResumableDataModule):
 
     @property
     def how(self) -> str:
-        return PREPARE_CMD.get(self.source, "")
+        """The command that prepares this data module's folder."""
+        if self.source not in PREPARE_CMD:
+            return ""
+        return PREPARE_CMD[self.source] + (f" --max-seq-len {self.max_seq_len}" if self.max_seq_len != 512 else "")
 
     def prepare_data(self):
         # the committed corpus and HF datasets prepare on first use; the registry corpus is fetched explicitly
@@ -607,7 +612,7 @@ class BertDataModule(ResumableDataModule):
         if data_len > self.max_seq_len:
             raise ValueError(f"the data holds sequences up to {data_len} tokens but the model has {self.max_seq_len} "
                              f"positions; use model.max_positions={data_len} or prepare shorter data "
-                             f"({self.how or 'python scripts/prepare_bert.py'} --max-seq-len {self.max_seq_len})")
+                             f"({PREPARE_CMD.get(self.source, PREPARE_CMD['embedded'])} --max-seq-len {self.max_seq_len})")
         lengths = getattr(self.train_set, "lengths", None)
         if lengths is not None:
             self.padding_fraction = padding_fraction(lengths, None if self.pad_to_longest else self.max_seq_len,
