@@ -89,10 +89,11 @@ def link_pairs(docs: dict[str, str], seed: int = 0) -> tuple[list, list, list]:
     for a, b in pos:
         if rng.integers(2):
             a, b = b, a
-        while True:  # a negative partner for a: linked to a in neither direction
-            c = names[int(rng.integers(len(names)))]
-            if c != a and c not in linked[a]:
-                break
+        # a negative partner for a: linked to a in neither direction (none: the pair is skipped)
+        cands = [c for c in names if c != a and c not in linked[a]]
+        if not cands:
+            continue
+        c = cands[int(rng.integers(len(cands)))]
         for (x, y), label in (((a, b), 1), ((a, c), 0)):
             if rng.integers(2):
                 x, y = y, x
