@@ -9,16 +9,19 @@ directions whose dash keeps a minimum distance from every other dash. Two circul
 ends: label 1 when they are the two ends of one target curve, 0 when they are the start of one target
 curve and the far end of the other. The two target curves start `seed_distance` apart and always have
 the same length, so positives and negatives are built the same way and differ only in which ends carry
-the markers; mean intensity, the number of lit pixels and the marker distance do not give the label
-away (tests/test_lra_pathfinder.py checks this). Curves are drawn at 2x as anti-aliased capsules (a
-distance field over each dash's small bounding box) and averaged down 2x2.
+the markers; mean intensity and the number of lit pixels do not give the label away, nor does the
+marker distance at 32x32 (tests/test_lra_pathfinder.py checks all three). Curves are drawn at 2x as
+anti-aliased capsules (a distance field over each dash's small bounding box) and averaged down 2x2.
 
 Departures from the original generator (drewlinsley/pathfinder, snakes2.py), all on purpose:
-- overlap is tested geometrically (segment-to-segment distance >= 2 * margin + thickness, i.e. the
-  original's "dash dilated by the margin may not touch the mask dilated by the margin"), not on rasters;
-  all candidate directions are scored at once instead of retried one by one;
-- no dash of another curve comes within marker_radius + 2 * margin + thickness / 2 of any target end, so
-  a marker never touches a foreign curve (the original sometimes drew markers over distractors);
+- overlap is tested exactly: centre lines of different curves keep 2 * margin + thickness (the
+  original's "dash dilated by the margin may not touch the mask dilated by the margin", there on
+  rasters), found through a spatial hash in plain Python floats: a step tests a handful of dashes, where
+  numpy's per-call cost would dominate;
+- a target curve that runs into the border or another curve backs up 1-3 dashes instead of restarting
+  the pair (restarts almost never succeed at 64x64: a 14-dash curve is 1.6x the canvas width);
+- no dash of another curve comes within marker_radius + 2 * margin + thickness / 2 of a target end, so a
+  marker never touches a foreign curve (the original sometimes drew markers over distractors);
 - the canvas is a float image in [0, 1] stored as uint8; curves carry the LRA release's contrast.
 
 Sample i is a pure function of (seed, i) (numpy Generator seeded with both), so any split of the work
@@ -27,11 +30,18 @@ order drawn from (seed, k): an even count is exactly balanced, and so is every e
 
 API: `generate(...)` -> out_dir/{images.npy, labels.npy, meta.json} (cached by a stamp of the settings
 and GENERATOR_VERSION), `load(out_dir)`, `split(n)` (80/10/10 by index), `load_original(folder)` (the
-LRA release layout: imgs/<batch>/sample_<k>.png plus metadata/<batch>.npy text lines), `sample(...)`.
+LRA release layout: imgs/<batch>/sample_<k>.png plus metadata/<batch>.npy text lines), `sample(...)`
+(one image; debug=True adds the curves), `save_preview(...)` (results/lra/pathfinder_preview_R.png).
 
-Known limits: at 32x32 the targets (14 dashes of 2 px with 2 px gaps) barely fit, so the generator
-retries often there; distractors that cannot be placed after a few tries are skipped (the original does
-the same), so the number of distractors varies a little from image to image.
+Speed, hard, one process: 55 / 35 / 49 / 62 images per CPU-second at 32 / 64 / 128 / 256 (2-core CPU
+box, 2026-11), so 200K images take about 4-6 minutes on 16 cores. 64x64 is the slowest: its curves are
+the longest for the canvas and back up most.
+
+Known limits: the marker distance carries a trace of the label where curves are short for the canvas
+(128x128: mean 67 px in positives, 72 px in negatives, sd 21; a threshold gets ~55%), as in the
+original: a negative's markers are one curve's length plus the seed distance apart. Distractors that
+cannot be placed after a few tries are skipped (as in the original), so their number varies a little.
+Markers on a curve end at the border are clipped by it.
 """
 from __future__ import annotations
 
@@ -432,8 +442,10 @@ def generate(resolution: int, difficulty: str, num: int, seed: int, out_dir, wor
         for job in jobs:
             bar.update(_chunk(job))
     else:
-        # spawn: the caller may hold torch threads, which fork does not copy safely
-        with mp.get_context("spawn").Pool(min(workers, len(jobs))) as pool:
+        # fork where there is one: spawn would re-run a caller's unguarded script; the workers touch
+        # only numpy, like torch's DataLoader workers, which fork too
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        with ctx.Pool(min(workers, len(jobs))) as pool:
             for done in pool.imap_unordered(_chunk, jobs):
                 bar.update(done)
     seconds = time.perf_counter() - t0
