@@ -528,39 +528,53 @@ def _drop_consts(dropout_p: float):
     return int(round(dropout_p * (1 << 24))), 1.0 / (1.0 - dropout_p)
 
 
-def _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p, cu_q=None, cu_k=None, max_q=None, max_k=None):
+def _kernel_tables(layout: BlockSparseLayout, causal: bool, head_dim: int, device, varlen: bool, seqlen_q: int,
+                   seqlen_k: int) -> list[torch.Tensor]:
+    """The nine index tables the kernels walk, at the tiles `_tiles` picks: forward rows, then the
+    backward's dK/dV columns and dQ rows (cached on the layout). Varlen: built for the layout's own
+    lengths; dense: for these."""
+    lay_q, lay_k = (layout.seqlen_q, layout.seqlen_k) if varlen else (seqlen_q, seqlen_k)
+    bm, bn, _, _ = _tiles("fwd", layout.block_size, head_dim)
+    bm1, bn1, bm2, bn2, _, _ = _tiles("bwd", layout.block_size, head_dim)
+    fwd = compress_layout(layout, lay_q, lay_k, causal, bm, bn, device)
+    cols = compress_layout(layout, lay_q, lay_k, causal, bm1, bn1, device)
+    rows = compress_layout(layout, lay_q, lay_k, causal, bm2, bn2, device)
+    return [fwd.row_full, fwd.row_part, fwd.row_idx, cols.col_full, cols.col_part, cols.col_idx,
+            rows.row_full, rows.row_part, rows.row_idx]
+
+
+def _bs_forward(q, k, v, tables, block_size, causal, sm_scale, dropout_p, cu_q=None, cu_k=None, max_q=None,
+                max_k=None):
     """Dense: q (batch, seqlen_q, nheads, d). Varlen (cu_q given): q (total_q, nheads, d), the tables
     built for the layout's own lengths and the grid sized by the longest sequence."""
     varlen = cu_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
     if varlen:
         batch = cu_q.numel() - 1
-        lay_q, lay_k = layout.seqlen_q, layout.seqlen_k
         lse = torch.empty(nheads, q.shape[0], device=q.device, dtype=torch.float32)
         slb, slh = 0, q.shape[0]
     else:
         batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
-        lay_q, lay_k = max_q, max_k
         lse = torch.empty(batch, nheads, max_q, device=q.device, dtype=torch.float32)
         slb, slh = lse.stride(0), lse.stride(1)
-    bm, bn, warps, stages = _tiles("fwd", layout.block_size, d)
-    tab = compress_layout(layout, lay_q, lay_k, causal, bm, bn, q.device)
-    o = torch.empty_like(q)
-    seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
+    bm, bn, warps, stages = _tiles("fwd", block_size, d)
+    row_full, row_part, row_idx = tables[:3]
+    o = q.new_empty(q.shape)
+    seed = draw_dropout_seed(q.device) if dropout_p > 0 else torch.zeros(1, dtype=torch.int64, device=q.device)
     thresh, drop_scale = _drop_consts(dropout_p)
     _bs_fwd_kernel[(cdiv(max_q, bm), batch * nheads)](
-        q, k, v, o, lse, seed, tab.row_full, tab.row_part, tab.row_idx, cu_q if varlen else lse,
+        q, k, v, o, lse, seed, row_full, row_part, row_idx, cu_q if varlen else lse,
         cu_k if varlen else lse,
         *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), slb, slh,
-        _lay_stride(tab.row_full), tab.row_idx.shape[-1], nheads, nheads // k.shape[-2], max_q, max_k,
+        _lay_stride(row_full), row_idx.shape[-1], nheads, nheads // k.shape[-2], max_q, max_k,
         sm_scale * LOG2E, thresh, drop_scale,
         HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
-        VARLEN=varlen, IDX_WIDTH=_width(tab.row_idx) if varlen else 16, num_warps=warps, num_stages=stages,
+        VARLEN=varlen, IDX_WIDTH=_width(row_idx) if varlen else 16, num_warps=warps, num_stages=stages,
     )
     return o, lse, seed
 
 
-def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p, cu_q=None, cu_k=None,
+def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale, dropout_p, cu_q=None, cu_k=None,
                  max_q=None, max_k=None):
     varlen = cu_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
@@ -568,31 +582,27 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p,
     group = nheads // nheads_k
     if varlen:
         batch = cu_q.numel() - 1
-        lay_q, lay_k = layout.seqlen_q, layout.seqlen_k
         slb, slh = 0, q.shape[0]
     else:
         batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
-        lay_q, lay_k = max_q, max_k
         slb, slh = lse.stride(0), lse.stride(1)
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     thresh, drop_scale = _drop_consts(dropout_p)
-    bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", layout.block_size, d)
-    cols = compress_layout(layout, lay_q, lay_k, causal, bm1, bn1, q.device)
-    rows = compress_layout(layout, lay_q, lay_k, causal, bm2, bn2, q.device)
+    bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", block_size, d)
+    col_full, col_part, col_idx, row_full, row_part, row_idx = tables[3:]
     n_kv_tiles, n_q_tiles = cdiv(max_k, bn1), cdiv(max_q, bm2)
-    args = (q, k, v, do, dq, dk, dv, lse, delta, seed,
-            cols.col_full, cols.col_part, cols.col_idx, rows.row_full, rows.row_part, rows.row_idx,
+    args = (q, k, v, do, dq, dk, dv, lse, delta, seed, col_full, col_part, col_idx, row_full, row_part, row_idx,
             cu_q if varlen else lse, cu_k if varlen else lse,
             *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen),
             *_strides(dq, varlen), *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
-            _lay_stride(cols.col_full), cols.col_idx.shape[-1], _lay_stride(rows.row_full), rows.row_idx.shape[-1],
+            _lay_stride(col_full), col_idx.shape[-1], _lay_stride(row_full), row_idx.shape[-1],
             n_kv_tiles, n_q_tiles, nheads, group, max_q, max_k, sm_scale, sm_scale * LOG2E, thresh, drop_scale)
     consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2, BLOCK_N2=bn2,
                   CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen,
-                  COL_WIDTH=_width(cols.col_idx) if varlen else 16, ROW_WIDTH=_width(rows.row_idx) if varlen else 16,
+                  COL_WIDTH=_width(col_idx) if varlen else 16, ROW_WIDTH=_width(row_idx) if varlen else 16,
                   num_warps=warps, num_stages=stages)
     bhk = batch * nheads_k
     if _bwd_mode(d) == "fused":
@@ -603,22 +613,57 @@ def _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p,
     return dq, dk, dv
 
 
-class _BlockSparseAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, layout, causal, sm_scale, dropout_p, cu_q, cu_k, max_q, max_k):
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        o, lse, seed = _bs_forward(q, k, v, layout, causal, sm_scale, dropout_p, cu_q, cu_k, max_q, max_k)
-        ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
-        ctx.args = (layout, causal, sm_scale, dropout_p, max_q, max_k)
-        return o
+# ------------------------------------------------------------------------------------------------
+# PyTorch custom operators (as kernels/flash.py's): torch.compile sees opaque ops with fake shapes. The
+# layout travels as its nine index tables (tensors), built outside the op and cached on the layout.
+# ------------------------------------------------------------------------------------------------
+@torch.library.custom_op("flashattn::blocksparse_fwd", mutates_args=())
+def _bs_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
+               cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, block_size: int,
+               causal: bool, softmax_scale: float, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bs_forward(q, k, v, tables, block_size, causal, softmax_scale, dropout_p, cu_q, cu_k, max_q, max_k)
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
-        layout, causal, sm_scale, dropout_p, max_q, max_k = ctx.args
-        dq, dk, dv = _bs_backward(do, q, k, v, o, lse, seed, layout, causal, sm_scale, dropout_p, cu_q, cu_k,
-                                  max_q, max_k)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+@_bs_fwd_op.register_fake
+def _bs_fwd_fake(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p):
+    nheads = q.shape[-2]
+    lse_shape = (nheads, q.shape[0]) if cu_q is not None else (q.shape[0], nheads, q.shape[1])
+    return (q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32),
+            q.new_empty((1,), dtype=torch.int64))
+
+
+@torch.library.custom_op("flashattn::blocksparse_bwd", mutates_args=())
+def _bs_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+               lse: torch.Tensor, seed: torch.Tensor, tables: list[torch.Tensor], cu_q: torch.Tensor | None,
+               cu_k: torch.Tensor | None, max_q: int, max_k: int, block_size: int, causal: bool, softmax_scale: float,
+               dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, softmax_scale, dropout_p, cu_q,
+                        cu_k, max_q, max_k)
+
+
+@_bs_bwd_op.register_fake
+def _bs_bwd_fake(do, q, k, v, o, lse, seed, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale,
+                 dropout_p):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _bs_setup_context(ctx, inputs, output):
+    q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p = inputs
+    o, lse, seed = output
+    ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k, *tables)
+    ctx.args = (max_q, max_k, block_size, causal, softmax_scale, dropout_p)
+    ctx.mark_non_differentiable(lse, seed)
+
+
+def _bs_op_backward(ctx, do, dlse, dseed):
+    q, k, v, o, lse, seed, cu_q, cu_k, *tables = ctx.saved_tensors
+    max_q, max_k, block_size, causal, softmax_scale, dropout_p = ctx.args
+    dq, dk, dv = _bs_bwd_op(do, q, k, v, o, lse, seed, tables, cu_q, cu_k, max_q, max_k, block_size, causal,
+                            softmax_scale, dropout_p)
+    return dq, dk, dv, [None] * len(tables), None, None, None, None, None, None, None, None
+
+
+_bs_fwd_op.register_autograd(_bs_op_backward, setup_context=_bs_setup_context)
 
 
 def blocksparse_attn_func(q, k, v, layout, block_size=None, dropout_p=0.0, softmax_scale=None, causal=False):
@@ -636,7 +681,10 @@ def blocksparse_attn_func(q, k, v, layout, block_size=None, dropout_p=0.0, softm
     lay = _as_layout(layout, block_size, nheads, seqlen_q, k.shape[1])
     causal = bool(causal) or lay.causal
     sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
-    return _BlockSparseAttnFunc.apply(q, k, v, lay, causal, sm_scale, float(dropout_p), None, None, None, None)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    tables = _kernel_tables(lay, causal, d, q.device, False, seqlen_q, k.shape[1])
+    return _bs_fwd_op(q, k, v, tables, None, None, seqlen_q, k.shape[1], lay.block_size, causal, float(sm_scale),
+                      float(dropout_p))[0]
 
 
 def blocksparse_attn_varlen_func(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -666,8 +714,10 @@ def blocksparse_attn_varlen_func(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, ma
             raise ValueError("causal varlen block-sparse attention needs equal query and key lengths per "
                              "sequence (cu_seqlens_q == cu_seqlens_k)")
     sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
-    return _BlockSparseAttnFunc.apply(q, k, v, lay, causal, sm_scale, float(dropout_p), cu_seqlens_q, cu_seqlens_k,
-                                      int(max_seqlen_q), int(max_seqlen_k))
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    tables = _kernel_tables(lay, causal, d, q.device, True, int(max_seqlen_q), int(max_seqlen_k))
+    return _bs_fwd_op(q, k, v, tables, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                      lay.block_size, causal, float(sm_scale), float(dropout_p))[0]
 
 
 def blocksparse_reference(q, k, v, layout, block_size=None, softmax_scale=None, causal=False, dropout_p=0.0,

@@ -24,8 +24,10 @@ interpreter), head dims that are multiples of 8 up to 256 (padded to a power of 
 loads), any sequence lengths, GQA/MQA, strided inputs (last dim must be contiguous; otherwise copied).
 
 Launch configs: autotuned on the GPU over a small list per kernel, keyed on (power-of-two seqlen bucket,
-head dim, causal, varlen, dropout); FLASH_AUTOTUNE=0 uses one fixed config (GPU tests); under
-TRITON_INTERPRET=1 one 16x16 config. Causal grids run the heaviest query blocks first.
+head dim, causal, varlen, dropout), each result persisted in Triton's cache directory for later processes
+(not yet timed: the first-call latency with a warm cache is unmeasured); FLASH_AUTOTUNE=0 uses one fixed
+config (GPU tests); under TRITON_INTERPRET=1 one 16x16 config. Causal grids run the heaviest query blocks
+first.
 
 Known limits: head dim 256 runs (tested with the fixed config) but is not tuned; varlen input checks
 read cu_seqlens on the host (one device sync per call); no attention bias / alibi / sliding window; the
@@ -565,12 +567,18 @@ def _prune(configs, named_args, **kwargs):
     return keep or configs[-1:]
 
 
-_fwd_tuned = triton.autotune(_configs(_FWD_SHAPES), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune})(
-    _fwd_kernel)
-_dkdv_tuned = triton.autotune(_configs(_DKDV_SHAPES), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune})(
-    _bwd_dkdv_kernel)
-_dq_tuned = triton.autotune(_configs(_DQ_SHAPES), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune})(
-    _bwd_dq_kernel)
+def _autotuned(kernel, shapes):
+    # cache_results: each tuning result is kept in Triton's cache directory (~/.triton/cache, or
+    # TRITON_CACHE_DIR), keyed by the Triton version, the GPU target, the kernel source, the tuning key
+    # (sequence-length buckets, head dim, causal, varlen, dropout, dtypes) and the config list, so a new
+    # process reuses it instead of timing every config again.
+    return triton.autotune(_configs(shapes), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune},
+                           cache_results=True)(kernel)
+
+
+_fwd_tuned = _autotuned(_fwd_kernel, _FWD_SHAPES)
+_dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _DKDV_SHAPES)
+_dq_tuned = _autotuned(_bwd_dq_kernel, _DQ_SHAPES)
 
 
 # Fixed configs for FLASH_AUTOTUNE=0 (e.g. GPU tests, which would otherwise tune every shape they touch),

@@ -1,6 +1,6 @@
-"""torch.compile over our kernels: the flash kernels are custom operators (flashattn::fwd / ::bwd) with fake
-implementations, so Dynamo traces a model that calls them in one graph and never enters the launchers or the
-autotuner. On the CPU the graphs run with the aot_eager backend (inductor compiles C++ for minutes); the GPU test
+"""torch.compile over our kernels: the flash and block-sparse kernels are custom operators (flashattn::fwd / ::bwd,
+flashattn::blocksparse_fwd / _bwd) with fake implementations, so Dynamo traces a model that calls them in one graph
+and never enters the launchers or the autotuner. On the CPU the graphs run with the aot_eager backend (inductor compiles C++ for minutes); the GPU test
 uses inductor."""
 import pytest
 import torch
@@ -25,12 +25,15 @@ def _inputs(device, varlen=False):
 @pytest.mark.parametrize("varlen", [False, True])
 def test_custom_ops_pass_opcheck(varlen, device):
     q, k, v, cu_q, cu_k, mq, mk = _inputs(device, varlen)
+    # The dense case runs every check; varlen skips the slowest (AOT dispatch with dynamic shapes).
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor") + (() if varlen else
+                                                                                 ("test_aot_dispatch_dynamic",))
     fwd_args = (q, k, v, cu_q, cu_k, mq, mk, 0.25, True, 0.0)
-    torch.library.opcheck(torch.ops.flashattn.fwd.default, fwd_args)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, fwd_args, test_utils=checks)
     o, lse, seed = torch.ops.flashattn.fwd(*fwd_args)
     bwd_args = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse, seed, cu_q, cu_k, mq, mk,
                 0.25, True, 0.0)
-    torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args)
+    torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args, test_utils=checks)
 
 
 def test_gpt2_with_flash_compiles_to_one_graph(device):
@@ -72,3 +75,35 @@ def test_gpu_gpt2_flash_inductor_matches_eager():
         ref = model(ids).float()
         out = torch.compile(model, fullgraph=True)(ids).float()
     torch.testing.assert_close(out, ref, atol=3e-2, rtol=3e-2)
+
+
+def test_gpt2_with_blocksparse_compiles_to_one_graph(device):
+    import functools
+
+    from kernels.attention import BlockSparseAttention
+
+    torch.manual_seed(0)
+    factory = functools.partial(BlockSparseAttention, pattern="butterfly", block_size=16)
+    model = GPT2(**TINY, attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, attention_factory=factory).to(device)
+    ids = torch.randint(0, 50, (2, 32), device=device)
+    out = torch.compile(model, fullgraph=True, backend="aot_eager")(ids)  # compiled before any eager call
+    torch.testing.assert_close(out, model(ids))
+
+
+@pytest.mark.parametrize("kind", ["flash", "blocksparse"])
+def test_padded_classifier_compiles(kind, device):
+    """Padded batches compile too; building the PackedBatch (its one host sync) is a graph break, so this
+    model is compiled without fullgraph."""
+    import functools
+
+    from kernels.attention import BlockSparseAttention
+    from models.encoder import SequenceClassifier
+
+    factory = FlashAttention if kind == "flash" else functools.partial(BlockSparseAttention, pattern="local",
+                                                                       block_size=16, window=1)
+    torch.manual_seed(0)
+    model = SequenceClassifier(vocab_size=50, num_classes=3, max_positions=32, d_model=32, n_layer=2, n_head=2,
+                               attention_factory=factory).to(device).eval()
+    ids = torch.randint(0, 50, (2, 32), device=device)
+    mask = torch.arange(32, device=device)[None] < torch.tensor([32, 11], device=device)[:, None]
+    torch.testing.assert_close(torch.compile(model, backend="aot_eager")(ids, mask), model(ids, mask))
