@@ -1,0 +1,534 @@
+"""The FlashAttention paper's Table 3 on our framework: Long Range Arena accuracy and training speed for
+every task x attention kind, written to results/lra/ (table3.md, table3.json, table3.png).
+
+    python scripts/reproduce_lra.py                                  # everything: speed runs, then full runs
+    python scripts/reproduce_lra.py --dry-run                        # print the commands, run nothing
+    python scripts/reproduce_lra.py --tasks listops --kinds standard flash --seeds 1 2
+    python scripts/reproduce_lra.py --max-steps 500 --speed-steps 100          # a quick pass
+    python scripts/reproduce_lra.py --budget 560                     # stop in time for a 10-minute device call
+    python scripts/reproduce_lra.py --collect outputs/lra            # the table from existing run folders only
+    python scripts/reproduce_lra.py --tasks listops --kinds flash debug=smoke  # any Hydra override, every run
+
+Two kinds of run, each its own `python train/run.py experiment=lra/TASK attn=KIND ...` process:
+- speed runs, `--speed-steps` steps (default 200) per task x kind, no validation, no checkpoints, under
+  RUNS/speed/TASK/KIND. They are rerun on every invocation that runs anything, so that the speedups over
+  attn=standard always compare runs of one invocation (one device call, one GPU). Step time, tokens/s and
+  peak memory are SpeedMonitor's steady state: every logged window of metrics.csv but the first.
+- accuracy runs, the experiment's own recipe (or --max-steps, the warmup scaled in proportion), one per
+  seed, under RUNS/TASK/KIND/seedS (seedS-stepsN with --max-steps); test/acc from metrics.csv. Resumable:
+  a finished run (test/acc logged) is skipped, one that was cut off continues from its
+  checkpoints/last.ckpt (checkpoints every --ckpt-every steps), its earlier metrics.csv kept beside.
+
+--budget SECONDS bounds the whole invocation: no run starts without --min-run seconds left, and a run
+still going at the deadline is interrupted (its last checkpoint stays); the table is written either way
+and lists what is missing with the command that completes it.
+
+Data: each task reads the folder its data config names (configs/data/lra-*.yaml); --prepare runs the
+prepare commands (cached, idempotent) first. Text, Retrieval and Image default to stand-ins for the
+original data (train/lra/__init__.py STAND_INS); the table says which ran.
+Relative paths (--runs, --out, --collect) count from the repo root.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import markdown_header, pyplot, rel, repo_path, repo_root, run_metadata
+
+REPO = repo_root()
+
+TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
+TASK_TITLES = {"listops": "ListOps", "text": "Text", "retrieval": "Retrieval", "image": "Image",
+               "pathfinder": "Pathfinder"}
+KINDS = ("standard", "sdpa", "flash", "blocksparse")
+KIND_OF_CLASS = {"StandardAttention": "standard", "SDPAttention": "sdpa", "FlashAttention": "flash",
+                 "BlockSparseAttention": "blocksparse"}
+# Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"
+# (arXiv 2205.14135), Table 3: test accuracy (%) and training speedup over the standard Transformer, A100.
+PAPER = {
+    "standard": {"name": "Transformer", "listops": 36.0, "text": 63.6, "retrieval": 81.6, "image": 42.3,
+                 "pathfinder": 72.7, "avg": 59.3, "speedup": None},
+    "flash": {"name": "FlashAttention", "listops": 37.6, "text": 63.9, "retrieval": 81.4, "image": 43.5,
+              "pathfinder": 72.7, "avg": 59.8, "speedup": 2.4},
+    "blocksparse": {"name": "Block-sparse FlashAttention", "listops": 37.0, "text": 63.0, "retrieval": 81.3,
+                    "image": 43.6, "pathfinder": 73.3, "avg": 59.6, "speedup": 2.8},
+}
+# The original data of each task, for the stand-in column.
+ORIGINAL = {"listops": "ListOps (LRA generator)", "text": "IMDB", "retrieval": "AAN", "image": "CIFAR-10",
+            "pathfinder": "Pathfinder-32 (LRA generator)"}
+PREPARE = {
+    "listops": "python scripts/prepare_lra.py listops --out data/cache/lra/listops",
+    "text": "python scripts/prepare_lra.py text --out data/cache/lra/text",
+    "retrieval": "python scripts/prepare_lra.py retrieval --out data/cache/lra/retrieval",
+    "image": "python scripts/prepare_lra.py image --out data/cache/lra/image",
+    "pathfinder": "python scripts/prepare_lra.py pathfinder --resolution 32 --difficulty hard --num 200000 "
+                  "--out data/cache/lra/pathfinder32-hard",
+}
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+def recipe(task: str) -> dict:
+    """The experiment file's own step count, warmup and evaluation interval (no composition needed)."""
+    from omegaconf import OmegaConf
+
+    e = OmegaConf.load(REPO / "configs" / "experiment" / "lra" / f"{task}.yaml")
+    return {"max_steps": int(e.trainer.max_steps), "warmup_steps": int(e.scheduler.warmup_steps),
+            "eval_every_steps": int(e.get("eval_every_steps", 1000))}
+
+
+def accuracy_dir(runs: Path, task: str, kind: str, seed: int, max_steps: int | None) -> Path:
+    return runs / task / kind / (f"seed{seed}" + (f"-steps{max_steps}" if max_steps else ""))
+
+
+def speed_dir(runs: Path, task: str, kind: str) -> Path:
+    return runs / "speed" / task / kind
+
+
+def train_command(task: str, kind: str, run_dir: Path, overrides=(), python: str = "python") -> list[str]:
+    return [python, "train/run.py", f"experiment=lra/{task}", f"attn={kind}", f"hydra.run.dir={rel(run_dir)}",
+            "trainer.enable_progress_bar=false", *overrides]
+
+
+def speed_command(task, kind, runs, steps, seed, extra=(), python="python") -> list[str]:
+    # No validation, test or checkpoints: only the training loop is timed.
+    return train_command(task, kind, speed_dir(runs, task, kind),
+                         [f"seed={seed}", f"trainer.max_steps={steps}", "trainer.limit_val_batches=0",
+                          "test_after_fit=false", "callbacks.checkpoint=null", "logger=csv", *extra], python)
+
+
+def accuracy_command(task, kind, runs, seed, max_steps=None, ckpt_every=500, extra=(), ckpt=None,
+                     python="python") -> list[str]:
+    ov = [f"seed={seed}", f"callbacks.checkpoint.every_n_train_steps={ckpt_every}"]
+    if max_steps:
+        r = recipe(task)
+        # The recipe's schedule shape at the shorter length: warmup scaled in proportion.
+        ov += [f"trainer.max_steps={max_steps}",
+               f"scheduler.warmup_steps={max(1, math.ceil(r['warmup_steps'] * max_steps / r['max_steps']))}"]
+    ov += list(extra)
+    if ckpt is not None:
+        ov.append(f"ckpt_path={rel(ckpt)}")
+    return train_command(task, kind, accuracy_dir(runs, task, kind, seed, max_steps), ov, python)
+
+
+def show(cmd: list[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+# ---------------------------------------------------------------------------------------------- reading runs
+
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.csv rows with the empty cells dropped and numbers as floats."""
+    if not path.exists():
+        return []
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append({k: float(v) for k, v in r.items() if k and v not in ("", None)})
+    return rows
+
+
+def last_value(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if key in r]
+    return vals[-1] if vals else None
+
+
+def steady_speed(rows: list[dict]) -> dict:
+    """SpeedMonitor.steady_state() from metrics.csv: every window but the first, weighted by its steps
+    (a window's step count is the step difference to the previous logged window)."""
+    win = [r for r in rows if "perf/step_time_ms" in r]
+    if not win:
+        return {}
+    out_rows = []
+    for prev, r in zip(win, win[1:]):
+        steps = r["step"] - prev["step"]
+        if steps <= 0:
+            continue
+        sec = r["perf/step_time_ms"] * steps / 1000
+        out_rows.append((steps, sec, r.get("perf/tokens_per_s", 0.0) * sec))
+    if not out_rows:  # a single window: report it rather than nothing
+        r = win[0]
+        out = {"step_time_ms": r["perf/step_time_ms"], "tokens_per_s": r.get("perf/tokens_per_s"), "windows": 1}
+    else:
+        steps, sec, tok = (sum(x[i] for x in out_rows) for i in range(3))
+        out = {"step_time_ms": 1000 * sec / steps, "tokens_per_s": tok / sec, "windows": len(out_rows)}
+    mem = [r["perf/peak_mem_gib"] for r in win if "perf/peak_mem_gib" in r]
+    if mem:
+        out["peak_mem_gib"] = max(mem)
+    return out
+
+
+def read_run(run_dir: Path) -> dict | None:
+    """(task, kind, seed, steps, data source, metrics) of one run folder, from .hydra/config.yaml."""
+    from omegaconf import OmegaConf
+
+    cfg_path = run_dir / ".hydra" / "config.yaml"
+    if not cfg_path.exists():
+        return None
+    cfg = OmegaConf.load(cfg_path)  # unresolved: only literal keys are read
+    task = OmegaConf.select(cfg, "data.task")
+    target = OmegaConf.select(cfg, "attn._target_") or ""
+    kind = KIND_OF_CLASS.get(target.rsplit(".", 1)[-1])
+    if task not in TASKS or kind is None:
+        return None
+    rows = read_metrics(run_dir / "metrics.csv")
+    source = OmegaConf.select(cfg, "data.source")
+    return {"dir": run_dir, "task": task, "kind": kind, "seed": OmegaConf.select(cfg, "seed"),
+            "max_steps": OmegaConf.select(cfg, "trainer.max_steps"), "source": source,
+            "steps_done": int(max((r.get("step", 0) for r in rows), default=0)), "rows": rows,
+            "test_acc": last_value(rows, "test/acc"), "val_acc": last_value(rows, "val/acc"),
+            "speed": steady_speed(rows), "finished": finished(run_dir, rows)}
+
+
+def finished(run_dir: Path, rows=None) -> bool:
+    """An accuracy run is finished when it logged test/acc (run.py tests after fit) or printed its
+    `done:` line (runs with test_after_fit=false)."""
+    rows = read_metrics(run_dir / "metrics.csv") if rows is None else rows
+    if last_value(rows, "test/acc") is not None:
+        return True
+    log = run_dir / "stdout.log"
+    return log.exists() and any(ln.startswith("done: ") for ln in log.read_text(errors="replace").splitlines())
+
+
+def collect(runs: Path) -> dict:
+    """Every run folder under `runs`: accuracy runs by (task, kind) -> seed, speed runs by (task, kind)."""
+    acc: dict = {}
+    speed: dict = {}
+    for cfg in sorted(runs.rglob(".hydra/config.yaml")):
+        run_dir = cfg.parent.parent
+        r = read_run(run_dir)
+        if r is None:
+            continue
+        is_speed = run_dir.relative_to(runs).parts[:1] == ("speed",)
+        if is_speed:
+            speed[(r["task"], r["kind"])] = r
+            continue
+        seeds = acc.setdefault((r["task"], r["kind"]), {})
+        old = seeds.get(r["seed"])
+        # One run per seed: a finished one over an unfinished one, then the longer recipe.
+        if old is None or (r["finished"], r["max_steps"] or 0) > (old["finished"], old["max_steps"] or 0):
+            seeds[r["seed"]] = r
+    session = runs / "speed" / "session.json"
+    return {"accuracy": acc, "speed": speed,
+            "speed_session": json.loads(session.read_text()) if session.exists() else None}
+
+
+# ---------------------------------------------------------------------------------------------- the table
+
+def stand_in(task: str, source: str | None) -> str:
+    from train.lra import STAND_INS
+
+    if source in STAND_INS:
+        return f"stand-in: {source} for {STAND_INS[source]}"
+    if source == "generated":
+        return f"generated here ({ORIGINAL[task]})"
+    return f"original ({source})" if source else "?"
+
+
+def geomean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
+    """Accuracy (mean over finished seeds, in %) and speed per task x kind; speedups over standard."""
+    out: dict = {"tasks": list(tasks), "kinds": list(kinds), "accuracy": {}, "speed": {}, "data": {},
+                 "unfinished": [], "paper": PAPER, "speed_session": found.get("speed_session")}
+    for task in tasks:
+        out["accuracy"][task], out["speed"][task] = {}, {}
+        for kind in kinds:
+            seeds = found["accuracy"].get((task, kind), {})
+            done = {s: r for s, r in seeds.items() if r["finished"] and r["test_acc"] is not None}
+            for s, r in seeds.items():
+                if s not in done:
+                    out["unfinished"].append({"task": task, "kind": kind, "seed": s, "dir": rel(r["dir"]),
+                                              "steps_done": r["steps_done"], "max_steps": r["max_steps"]})
+                if r["source"] is not None:
+                    out["data"][task] = {"source": r["source"], "note": stand_in(task, r["source"])}
+            if done:
+                accs = {int(s): 100 * r["test_acc"] for s, r in sorted(done.items())}
+                out["accuracy"][task][kind] = {
+                    "mean": sum(accs.values()) / len(accs), "seeds": accs,
+                    "max_steps": sorted({r["max_steps"] for r in done.values()}),
+                    "recipe_steps": recipe(task)["max_steps"], "dirs": [rel(r["dir"]) for r in done.values()]}
+            sp = found["speed"].get((task, kind))
+            if sp and sp["speed"]:
+                out["speed"][task][kind] = dict(sp["speed"], steps=sp["steps_done"], dir=rel(sp["dir"]))
+                if sp["source"] is not None:
+                    out["data"].setdefault(task, {"source": sp["source"], "note": stand_in(task, sp["source"])})
+        base = out["speed"][task].get("standard", {}).get("step_time_ms")
+        for kind, s in out["speed"][task].items():
+            s["speedup"] = base / s["step_time_ms"] if base else None
+    out["average"], out["mean_speedup"] = {}, {}
+    for kind in kinds:
+        accs = [out["accuracy"][t][kind]["mean"] for t in tasks if kind in out["accuracy"][t]]
+        # the paper averages all five tasks; a subset gets no average
+        out["average"][kind] = sum(accs) / len(accs) if len(accs) == len(TASKS) else None
+        out["mean_speedup"][kind] = geomean([out["speed"][t].get(kind, {}).get("speedup") for t in tasks])
+    return out
+
+
+def _f(x, fmt="{:.1f}", none="-"):
+    return none if x is None else fmt.format(x)
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    tasks, kinds = summary["tasks"], summary["kinds"]
+    lines = markdown_header("Long Range Arena: the FlashAttention paper's Table 3 on our framework", meta)
+    sess = summary.get("speed_session")
+    if sess:
+        lines += [f"Speed runs: {sess.get('gpu', '?')}, torch {sess.get('torch', '?')}, {sess.get('date', '?')}, "
+                  f"`{sess.get('command', '?')}`.", ""]
+    short = any(a["max_steps"] != [a["recipe_steps"]] for t in tasks for a in summary["accuracy"][t].values())
+    lines += ["Test accuracy (%), mean over the finished seeds; speedup: training step time of attn=standard "
+              "over this kind's, same task, same invocation, geometric mean over the tasks measured.", "",
+              "| attention | " + " | ".join(TASK_TITLES[t] for t in tasks) + " | Avg | speedup | paper Avg | "
+              "paper speedup |", "|---|" + "---:|" * (len(tasks) + 4)]
+    for kind in kinds:
+        cells = []
+        for t in tasks:
+            a = summary["accuracy"][t].get(kind)
+            mark = "" if a is None or a["max_steps"] == [a["recipe_steps"]] else "\\*"
+            cells.append(_f(a and a["mean"]) + mark)
+        p = PAPER.get(kind, {})
+        sp = summary["mean_speedup"].get(kind)
+        lines.append(f"| {kind} | " + " | ".join(cells) + f" | {_f(summary['average'].get(kind))} | "
+                     f"{_f(sp, '{:.2f}x')} | {_f(p.get('avg'))} | {_f(p.get('speedup'), '{:.1f}x')} |")
+    if short:
+        lines += ["", "\\* shorter than the experiment's recipe (trainer.max_steps below); not comparable with "
+                  "the paper's numbers."]
+    lines += ["", "The paper (Dao et al. 2022, Table 3, A100):", "",
+              "| model | " + " | ".join(TASK_TITLES[t] for t in TASKS) + " | Avg | speedup |",
+              "|---|" + "---:|" * (len(TASKS) + 2)]
+    for kind, p in PAPER.items():
+        lines.append(f"| {p['name']} (attn={kind}) | " + " | ".join(_f(p[t]) for t in TASKS)
+                     + f" | {_f(p['avg'])} | {_f(p['speedup'], '{:.1f}x')} |")
+
+    lines += ["", "Training speed, SpeedMonitor's steady state (every logged window but the first):", "",
+              "| task | attention | step (ms) | tokens/s | vs standard | peak mem (GiB) | steps |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for t in tasks:
+        for kind in kinds:
+            s = summary["speed"][t].get(kind)
+            if s is None:
+                lines.append(f"| {TASK_TITLES[t]} | {kind} | not measured | | | | |")
+                continue
+            lines.append(f"| {TASK_TITLES[t]} | {kind} | {s['step_time_ms']:.1f} | {_f(s.get('tokens_per_s'), '{:,.0f}')}"
+                         f" | {_f(s.get('speedup'), '{:.2f}x')} | {_f(s.get('peak_mem_gib'), '{:.2f}')} | {s['steps']} |")
+
+    lines += ["", "Runs (accuracy): steps run / the recipe's, seeds:", "",
+              "| task | attention | steps | seeds: test acc (%) |", "|---|---|---|---|"]
+    for t in tasks:
+        for kind in kinds:
+            a = summary["accuracy"][t].get(kind)
+            if a:
+                lines.append(f"| {TASK_TITLES[t]} | {kind} | {'/'.join(map(str, a['max_steps']))} of "
+                             f"{a['recipe_steps']} | " + ", ".join(f"{s}: {v:.1f}" for s, v in a["seeds"].items()) + " |")
+    lines += ["", "Data:", ""]
+    for t in tasks:
+        d = summary["data"].get(t)
+        lines.append(f"- {TASK_TITLES[t]}: {d['note'] if d else 'no run'}")
+    missing = summary.get("missing") or []
+    if missing:
+        lines += ["", "Missing (not run, or cut off; each command runs or resumes it):", ""]
+        lines += [f"- {m['task']} / {m['kind']} / seed {m['seed']}: {m['why']}: `{m['command']}`" for m in missing]
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path) -> None:
+    plt = pyplot()
+    tasks, kinds = summary["tasks"], summary["kinds"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / len(kinds)
+    for ax, what in zip(axes, ("accuracy", "speedup")):
+        for i, kind in enumerate(kinds):
+            if what == "accuracy":
+                ys = [summary["accuracy"][t].get(kind, {}).get("mean") for t in tasks]
+            else:
+                ys = [summary["speed"][t].get(kind, {}).get("speedup") for t in tasks]
+            xs = [j + (i - (len(kinds) - 1) / 2) * width for j in range(len(tasks))]
+            ax.bar(xs, [y or 0 for y in ys], width, label=kind)
+            if what == "accuracy" and kind in PAPER:
+                ax.scatter(xs, [PAPER[kind][t] for t in tasks], marker="_", s=200, color="k", zorder=3,
+                           label="paper" if kind == "standard" else None)
+        if what == "speedup":
+            for kind, ls in (("flash", "--"), ("blocksparse", ":")):
+                if kind in kinds:
+                    ax.axhline(PAPER[kind]["speedup"], color="k", ls=ls, lw=1, label=f"paper {kind}")
+            ax.set_ylabel("training step speedup over attn=standard")
+        else:
+            ax.set_ylabel("test accuracy (%)")
+        ax.set_xticks(range(len(tasks)), [TASK_TITLES[t] for t in tasks])
+        ax.legend(fontsize=8)
+    fig.suptitle("Long Range Arena (FlashAttention paper Table 3 analogue)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_results(summary: dict, meta: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table3.json").write_text(json.dumps({"env": meta, **summary}, indent=1, default=str))
+    (out / "table3.md").write_text(markdown(summary, meta))
+    plot(summary, out / "table3.png")
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+class Runner:
+    """Runs one command at a time as its own process (group), within an optional deadline."""
+
+    def __init__(self, deadline: float | None, min_run: float, dry_run: bool):
+        self.deadline, self.min_run, self.dry_run = deadline, min_run, dry_run
+
+    def left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.time()
+
+    def run(self, cmd: list[str], log: Path, timeout: float | None = None) -> str:
+        """'ok', 'failed', 'cut off' (the deadline or the timeout interrupted it) or 'no time'."""
+        print("$", show(cmd), flush=True)
+        if self.dry_run:
+            return "dry run"
+        if self.left() < self.min_run:
+            return "no time"
+        limit = min(self.left(), timeout or math.inf)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as f:
+            p = subprocess.Popen([sys.executable, *cmd[1:]], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            try:
+                rc = p.wait(timeout=None if math.isinf(limit) else limit)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGINT)  # Lightning stops gracefully; the last checkpoint stays
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                return "cut off"
+        return "ok" if rc == 0 else "failed"
+
+
+def resume_checkpoint(run_dir: Path) -> Path | None:
+    last = run_dir / "checkpoints" / "last.ckpt"
+    return last if last.exists() else None
+
+
+def keep_old_metrics(run_dir: Path) -> None:
+    """Lightning's CSVLogger deletes an existing metrics.csv; keep the cut-off part beside it."""
+    m = run_dir / "metrics.csv"
+    if m.exists():
+        k = 1
+        while (run_dir / f"metrics.part{k}.csv").exists():
+            k += 1
+        os.replace(m, run_dir / f"metrics.part{k}.csv")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides added to every run, e.g. debug=smoke")
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1])
+    ap.add_argument("--max-steps", type=int, default=None, help="accuracy runs: steps instead of the recipe's")
+    ap.add_argument("--speed-steps", type=int, default=200, help="steps of each speed run")
+    ap.add_argument("--ckpt-every", type=int, default=500, help="accuracy runs: checkpoint interval (steps)")
+    ap.add_argument("--skip-speed", action="store_true", help="keep the speed runs already in RUNS/speed")
+    ap.add_argument("--skip-accuracy", action="store_true", help="speed runs only")
+    ap.add_argument("--prepare", action="store_true", help="run the tasks' data preparation first")
+    ap.add_argument("--budget", type=float, default=None, help="seconds this invocation may take")
+    ap.add_argument("--min-run", type=float, default=60, help="seconds a run needs left to start")
+    ap.add_argument("--speed-timeout", type=float, default=600, help="seconds a speed run may take")
+    ap.add_argument("--runs", default="outputs/lra", help="root of the run folders")
+    ap.add_argument("--collect", default=None, metavar="DIR", help="only collect the run folders under DIR")
+    ap.add_argument("--out", default="results/lra")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    runner = Runner(None if args.budget is None else t0 + args.budget, args.min_run, args.dry_run)
+    runs = repo_path(args.collect or args.runs)
+    extra = list(args.overrides)
+    missing = []
+
+    if not args.collect:
+        if args.prepare:
+            for t in args.tasks:
+                runner.run(PREPARE[t].split(), runs / "prepare" / f"{t}.log")
+        if not args.skip_speed:
+            seed = args.seeds[0]
+            if not args.dry_run:
+                shutil.rmtree(runs / "speed", ignore_errors=True)  # one invocation's speeds, never mixed
+                (runs / "speed").mkdir(parents=True)
+                (runs / "speed" / "session.json").write_text(json.dumps(run_metadata(argv and ["reproduce_lra.py", *argv])))
+            # standard first: every other kind of a task is compared with it
+            for t in args.tasks:
+                for kind in sorted(args.kinds, key=lambda k: k != "standard"):
+                    d = speed_dir(runs, t, kind)
+                    status = runner.run(speed_command(t, kind, runs, args.speed_steps, seed, extra), d / "stdout.log",
+                                        args.speed_timeout)
+                    if status not in ("ok", "dry run"):
+                        print(f"  speed {t}/{kind}: {status}", flush=True)
+        if not args.skip_accuracy:
+            for t in args.tasks:
+                for kind in args.kinds:
+                    for seed in args.seeds:
+                        d = accuracy_dir(runs, t, kind, seed, args.max_steps)
+                        if finished(d):
+                            print(f"  done already: {rel(d)}", flush=True)
+                            continue
+                        ckpt = resume_checkpoint(d)
+                        cmd = accuracy_command(t, kind, runs, seed, args.max_steps, args.ckpt_every, extra, ckpt)
+                        if ckpt is not None and not args.dry_run:
+                            keep_old_metrics(d)
+                        status = runner.run(cmd, d / "stdout.log")
+                        if status not in ("ok", "dry run"):
+                            ckpt = resume_checkpoint(d)
+                            missing.append({"task": t, "kind": kind, "seed": seed, "why": status,
+                                            "command": show(accuracy_command(t, kind, runs, seed, args.max_steps,
+                                                                             args.ckpt_every, extra, ckpt))})
+                            print(f"  {t}/{kind}/seed{seed}: {status}", flush=True)
+        if args.dry_run:
+            return None
+
+    found = collect(runs)
+    summary = summarize(found, args.tasks, args.kinds)
+    known = {(m["task"], m["kind"], m["seed"]) for m in missing}
+    for u in summary["unfinished"]:
+        if (u["task"], u["kind"], u["seed"]) not in known:
+            d = REPO / u["dir"]
+            steps = u["max_steps"] if u["max_steps"] != recipe(u["task"])["max_steps"] else None
+            missing.append({"task": u["task"], "kind": u["kind"], "seed": u["seed"],
+                            "why": f"cut off at step {u['steps_done']} of {u['max_steps']}",
+                            "command": show(accuracy_command(u["task"], u["kind"], runs, u["seed"], steps,
+                                                             args.ckpt_every, extra, resume_checkpoint(d)))})
+    known |= {(m["task"], m["kind"], m["seed"]) for m in missing}
+    for t in args.tasks:
+        for kind in args.kinds:
+            if kind in summary["accuracy"][t] or any(k[:2] == (t, kind) for k in known):
+                continue
+            for seed in args.seeds:
+                missing.append({"task": t, "kind": kind, "seed": seed, "why": "not run",
+                                "command": show(accuracy_command(t, kind, runs, seed, args.max_steps,
+                                                                 args.ckpt_every, extra))})
+    summary["missing"] = missing
+    meta = run_metadata(argv and ["scripts/reproduce_lra.py", *argv])
+    if summary["speed_session"] and summary["speed_session"].get("gpu"):
+        # the runs' GPU, not that of the machine collecting them
+        meta = dict(meta, gpu=summary["speed_session"]["gpu"], table_written_on=meta["gpu"])
+    write_results(summary, meta, repo_path(args.out))
+    print((repo_path(args.out) / "table3.md").read_text())
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""LRA reproduction: per-experiment block-sparse layouts in the attn config, and scripts/reproduce_lra.py's
+commands, resume logic, collection, table, JSON and plot on run folders the tests write (no training
+except the slow end-to-end test)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from train.config import CONFIG_DIR, register_resolvers
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import reproduce_lra as R  # noqa: E402
+
+register_resolvers()
+
+
+def cfg_for(*overrides):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=[*overrides, "output_dir=outputs/compose-only"])
+
+
+# ------------------------------------------------------------------------------ attn=blocksparse layouts
+
+def test_experiment_layout_reaches_blocksparse():
+    cfg = cfg_for("experiment=lra/listops", "attn=blocksparse")
+    assert list(cfg.attn.pattern) == ["butterfly", "global_local"] and cfg.attn.block_size == 128
+    core = instantiate(cfg.attn)(dropout=0.0)
+    assert core.pattern == ["butterfly", "global_local"] and core.block_size == 128
+    assert core.pattern_kwargs == {"window": 0, "n_global": 1}  # options the experiment did not set stay out
+    pf = instantiate(cfg_for("experiment=lra/pathfinder", "attn=blocksparse").attn)(dropout=0.0)
+    assert (pf.pattern, pf.block_size, pf.pattern_kwargs) == ("butterfly", 64, {})
+
+
+def test_every_lra_experiment_has_a_layout_that_builds():
+    for task in R.TASKS:
+        cfg = cfg_for(f"experiment=lra/{task}", "attn=blocksparse")
+        assert "blocksparse_layout" in cfg and "lra_blocksparse" not in cfg
+        instantiate(cfg.attn)(dropout=0.0)  # the constructor builds a layout: unknown options would raise
+
+
+def test_other_attn_kinds_ignore_the_layout():
+    for kind in ("flash", "standard", "sdpa"):
+        cfg = cfg_for("experiment=lra/listops", f"attn={kind}")
+        assert set(cfg.attn.keys()) == {"_target_", "_partial_"}
+        instantiate(cfg.attn)(dropout=0.0)
+
+
+def test_blocksparse_defaults_and_command_line_options():
+    core = instantiate(cfg_for("attn=blocksparse").attn)(dropout=0.0)
+    assert (core.pattern, core.block_size, core.pattern_kwargs) == ("butterfly", 128, {})
+    for opt in ("+attn.window=2", "attn.window=2"):  # the documented + form keeps working
+        core = instantiate(cfg_for("attn=blocksparse", "attn.pattern=local", opt).attn)(dropout=0.0)
+        assert (core.pattern, core.pattern_kwargs) == ("local", {"window": 2})
+    core = instantiate(cfg_for("experiment=lra/listops", "attn=blocksparse", "attn.window=1").attn)(dropout=0.0)
+    assert core.pattern_kwargs == {"window": 1, "n_global": 1}
+
+
+def test_attn_config_lists_every_pattern_option():
+    """A new option of a pattern builder needs its line in configs/attn/blocksparse.yaml."""
+    import inspect
+
+    from kernels.sparsity import PATTERNS
+
+    opts = {p for fn in PATTERNS.values() for p in inspect.signature(fn).parameters} - {
+        "seqlen_q", "seqlen_k", "block_size", "device"}
+    declared = set(OmegaConf.load(CONFIG_DIR / "attn" / "blocksparse.yaml").keys()) - {
+        "_target_", "_partial_", "pattern", "block_size"}
+    assert declared == opts
+
+
+# ------------------------------------------------------------------------------ synthetic run folders
+
+def write_run(run_dir: Path, task: str, kind: str, seed=1, max_steps=None, test_acc=None, step_ms=None,
+              tokens=1000, mem=None, source=None, windows=4, every=10):
+    cls = {v: k for k, v in R.KIND_OF_CLASS.items()}[kind]
+    max_steps = max_steps or R.recipe(task)["max_steps"]
+    source = source or {"listops": "generated", "text": "spamassassin", "retrieval": "linux-doc",
+                        "image": "fashion-mnist", "pathfinder": "generated"}[task]
+    (run_dir / ".hydra").mkdir(parents=True)
+    cfg = {"seed": seed, "attn": {"_target_": f"kernels.attention.{cls}", "_partial_": True},
+           "data": {"task": task, "source": source, "data_dir": "${repo:}/data/cache/lra/" + task},
+           "trainer": {"max_steps": max_steps}}
+    OmegaConf.save(OmegaConf.create(cfg), run_dir / ".hydra" / "config.yaml")
+    keys = ["epoch", "perf/peak_mem_gib", "perf/step_time_ms", "perf/tokens_per_s", "step", "test/acc", "train/loss"]
+    lines = [",".join(keys)]
+    for w in range(windows):
+        # the first window is slow (compilation): steady state must leave it out
+        ms = (step_ms or 100.0) * (5 if w == 0 else 1)
+        vals = ["0", "" if mem is None else str(mem), str(ms), str(tokens * 1000 / ms), str((w + 1) * every - 1), "", "1.0"]
+        lines.append(",".join(vals) if step_ms else ",".join(["0", "", "", "", str((w + 1) * every - 1), "", "1.0"]))
+    if test_acc is not None:
+        lines.append(",".join(["1", "", "", "", str(max_steps), str(test_acc), ""]))
+    (run_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    speeds = {"standard": 300.0, "sdpa": 150.0, "flash": 120.0, "blocksparse": 100.0}
+    accs = {"standard": 0.36, "sdpa": 0.37, "flash": 0.38, "blocksparse": 0.35}
+    for task in ("listops", "text"):
+        for kind, ms in speeds.items():
+            write_run(R.speed_dir(root, task, kind), task, kind, max_steps=200, step_ms=ms, mem=2.0)
+            write_run(R.accuracy_dir(root, task, kind, 1, None), task, kind, test_acc=accs[kind])
+    # a second seed for flash on listops, and a cut-off blocksparse seed 2 with a checkpoint
+    write_run(R.accuracy_dir(root, "listops", "flash", 2, None), "listops", "flash", seed=2, test_acc=0.40)
+    cut = R.accuracy_dir(root, "listops", "blocksparse", 2, None)
+    write_run(cut, "listops", "blocksparse", seed=2)
+    (cut / "checkpoints").mkdir()
+    (cut / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (root / "speed" / "session.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.x",
+                                                            "date": "2026-11-30", "command": "python x"}))
+    return root
+
+
+def test_steady_speed_leaves_out_the_first_window(tmp_path):
+    write_run(tmp_path / "r", "listops", "flash", step_ms=50.0, tokens=2000, mem=1.5)
+    s = R.steady_speed(R.read_metrics(tmp_path / "r" / "metrics.csv"))
+    assert s["step_time_ms"] == pytest.approx(50.0) and s["tokens_per_s"] == pytest.approx(2000 * 1000 / 50)
+    assert s["windows"] == 3 and s["peak_mem_gib"] == 1.5
+
+
+def test_collect_table_json_plot(runs, tmp_path):
+    out = tmp_path / "out"
+    s = R.main(["--collect", str(runs), "--out", str(out), "--tasks", "listops", "text"])
+    assert s["speed"]["listops"]["flash"]["speedup"] == pytest.approx(2.5)
+    assert s["speed"]["text"]["blocksparse"]["speedup"] == pytest.approx(3.0)
+    assert s["mean_speedup"]["sdpa"] == pytest.approx(2.0)
+    assert s["accuracy"]["listops"]["flash"]["seeds"] == {1: pytest.approx(38.0), 2: pytest.approx(40.0)}
+    assert s["accuracy"]["listops"]["flash"]["mean"] == pytest.approx(39.0)
+    assert s["accuracy"]["listops"]["blocksparse"]["seeds"] == {1: pytest.approx(35.0)}  # seed 2 unfinished
+    assert s["average"]["standard"] is None  # two of five tasks: no average
+    (m,) = [m for m in s["missing"] if m["seed"] == 2]
+    assert m["kind"] == "blocksparse" and "ckpt_path=" in m["command"] and "last.ckpt" in m["command"]
+    assert s["data"]["text"]["note"] == "stand-in: spamassassin for IMDB"
+    md = (out / "table3.md").read_text()
+    assert "| blocksparse | 35.0 | 35.0 | - | 3.00x | 59.6 | 2.8x |" in md
+    assert "| ListOps | flash | 120.0 |" in md and "2.50x" in md
+    assert "FlashAttention (attn=flash) | 37.6 | 63.9 | 81.4 | 43.5 | 72.7 | 59.8 | 2.4x" in md
+    assert "stand-in: spamassassin for IMDB" in md
+    assert md.startswith("# Long Range Arena") and "(NVIDIA H100 80GB HBM3)" in md.splitlines()[0]
+    js = json.loads((out / "table3.json").read_text())
+    assert js["paper"]["blocksparse"]["speedup"] == 2.8 and "command" in js["env"]
+    assert (out / "table3.png").stat().st_size > 1000
+
+
+def test_full_table_average_and_short_run_marker(tmp_path):
+    root = tmp_path / "runs"
+    for task in R.TASKS:
+        write_run(R.accuracy_dir(root, task, "flash", 1, 50), task, "flash", max_steps=50, test_acc=0.5)
+    s = R.main(["--collect", str(root), "--out", str(tmp_path / "out"), "--kinds", "flash"])
+    assert s["average"]["flash"] == pytest.approx(50.0)
+    md = (tmp_path / "out" / "table3.md").read_text()
+    assert "50.0\\*" in md and "shorter than the experiment's recipe" in md and "not measured" in md
+
+
+def test_dry_run_commands_skip_finished_and_resume_cut_off(runs, capsys):
+    assert R.main(["--dry-run", "--runs", str(runs), "--tasks", "listops", "--seeds", "1", "2"]) is None
+    cmds = [ln[2:] for ln in capsys.readouterr().out.splitlines() if ln.startswith("$ ")]
+    speed = [c for c in cmds if "/speed/" in c]
+    assert len(speed) == 4 and "attn=standard" in speed[0]  # standard first, the reference of the speedups
+    assert all("trainer.max_steps=200" in c and "callbacks.checkpoint=null" in c for c in speed)
+    acc = [c for c in cmds if "/speed/" not in c]
+    # seed 1 of every kind and seed 2 of flash are finished; seed 2 of blocksparse resumes
+    assert len(acc) == 3
+    (resume,) = [c for c in acc if "attn=blocksparse" in c]
+    assert "seed=2" in resume and "ckpt_path=" in resume and resume.endswith("last.ckpt")
+    assert all(c.startswith("python train/run.py experiment=lra/listops attn=") for c in cmds)
+
+
+def test_dry_run_step_budget_and_overrides(tmp_path, capsys):
+    R.main(["--dry-run", "--runs", str(tmp_path), "--tasks", "text", "--kinds", "flash", "--max-steps", "2000",
+            "--skip-speed", "debug=smoke"])
+    (cmd,) = [ln[2:] for ln in capsys.readouterr().out.splitlines() if ln.startswith("$ ")]
+    # recipe: 20,000 steps with warmup 8,000 -> 2,000 steps with warmup 800, in its own folder
+    assert "trainer.max_steps=2000" in cmd and "scheduler.warmup_steps=800" in cmd
+    assert "seed1-steps2000" in cmd and cmd.endswith("debug=smoke") and "attn=flash" in cmd
+
+
+@pytest.mark.slow
+def test_end_to_end_smoke(tmp_path):
+    """One task x kind for real (debug=smoke, CPU): a speed run, an accuracy run, the table."""
+    out = tmp_path / "out"
+    s = R.main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--tasks", "listops", "--kinds", "flash",
+                "--speed-steps", "10", "debug=smoke", "trainer.log_every_n_steps=2"])
+    assert s["speed"]["listops"]["flash"]["step_time_ms"] > 0
+    assert 0 <= s["accuracy"]["listops"]["flash"]["mean"] <= 100 and not s["missing"]
+    # a second invocation skips the finished accuracy run
+    s2 = R.main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--tasks", "listops", "--kinds", "flash",
+                 "--skip-speed", "debug=smoke"])
+    assert s2["accuracy"]["listops"]["flash"]["seeds"] == s["accuracy"]["listops"]["flash"]["seeds"]
