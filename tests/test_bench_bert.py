@@ -1,5 +1,6 @@
 """scripts/bench_bert.py on a CPU: the report arithmetic on synthetic rows, each row kind run in-process on
-a tiny BERT and tiny prepared data, and (slow) the whole script end to end in subprocesses."""
+a tiny BERT and tiny prepared data, and (slow: the flash row trains under the Triton interpreter, minutes
+on a loaded 2-core machine) the whole script end to end in subprocesses."""
 import argparse
 import json
 import os
@@ -72,12 +73,12 @@ def test_end_to_end_on_cpu(tiny_data, tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")
     p = subprocess.run([sys.executable, "scripts/bench_bert.py", "--model", "tiny", "--seq-len", "64", "--batch", "4",
                         "--steps", "2", "--warmup", "1", "--data-dir", str(tiny_data), "--data-source", "corpus",
-                        "--rows", "hf-eager,hf-sdpa,ours-standard,ours-flash", "--out", str(tmp_path / "out"),
+                        "--rows", "hf-sdpa,ours-standard,ours-flash", "--row-timeout", "1500", "--out", str(tmp_path / "out"),
                         "--workdir", str(tmp_path / "work")], cwd=REPO, capture_output=True, text=True,
-                       timeout=900, env=env)
+                       timeout=3000, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "bench_bert.json").read_text())
-    assert [r["row"] for r in data["rows"]] == ["hf-eager", "hf-sdpa", "ours-standard", "ours-flash"]
+    assert [r["row"] for r in data["rows"]] == ["hf-sdpa", "ours-standard", "ours-flash"]
     assert all("tokens_per_s" in r for r in data["rows"]), data["rows"]
     md = (tmp_path / "out" / "bench_bert.md").read_text()
     assert "| ours-flash |" in md and "padding fraction" in md
