@@ -18,8 +18,6 @@ Hydra builds it from the encoder's own keyword names (configs/model/bert-*.yaml:
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import asdict, dataclass, fields
 from typing import Callable
@@ -27,7 +25,7 @@ from typing import Callable
 import torch
 
 from models.encoder import EncoderForMaskedLM
-from models.layers import read_hf_weights, rename_state_dict
+from models.layers import read_hf_config, read_hf_weights, rename_state_dict, write_hf_folder
 
 
 @dataclass
@@ -174,23 +172,11 @@ class BertForPreTraining(EncoderForMaskedLM):
     def from_pretrained(cls, folder: str, attention_factory: Callable | None = None, **overrides) -> "BertForPreTraining":
         """Load a HF BertForPreTraining folder (config.json + model.safetensors or pytorch_model.bin);
         `overrides` replace config.json fields (e.g. hidden_dropout_prob=0.0)."""
-        path = os.path.join(folder, "config.json")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no config.json in {folder}: not a HuggingFace model folder")
-        with open(path) as f:
-            hf = json.load(f)
-        hf.update(overrides)
+        hf = {**read_hf_config(folder), **overrides}
         model = cls(BertConfig.from_hf_dict(hf), attention_factory)
         model.load_state_dict(model._from_hf_state_dict(read_hf_weights(folder)))
         return model
 
     def save_pretrained(self, folder: str) -> None:
         """Write config.json + model.safetensors that `transformers.BertForPreTraining.from_pretrained` reads."""
-        from safetensors.torch import save_file
-
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(self.config.to_hf_dict(), f, indent=2)
-        state = {k: v.detach().contiguous() for k, v in self.hf_state_dict().items()
-                 if k != "cls.predictions.decoder.weight"}
-        save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        write_hf_folder(folder, self.config.to_hf_dict(), self.hf_state_dict(), tied="cls.predictions.decoder.weight")

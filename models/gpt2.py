@@ -11,16 +11,15 @@ Attention is injected: `attention_factory(dropout=p)` builds one core per layer 
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
 import torch
 from torch import nn
 
-from models.layers import Embeddings, Transformer, read_hf_weights, rename_state_dict, transformer_flops
+from models.layers import (Embeddings, Transformer, read_hf_config, read_hf_weights, rename_state_dict,
+                           transformer_flops, write_hf_folder)
 
 
 @dataclass
@@ -147,19 +146,11 @@ class GPT2(nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str, attention_factory: Callable | None = None, **overrides) -> "GPT2":
         """Load a GPT2LMHeadModel checkpoint saved with `save_pretrained` (config.json + weights)."""
-        with open(os.path.join(folder, "config.json")) as f:
-            hf = json.load(f)
-        hf.update(overrides)
+        hf = {**read_hf_config(folder), **overrides}
         model = cls(GPT2Config.from_hf_dict(hf), attention_factory)
         model.load_state_dict(model._from_hf_state_dict(read_hf_weights(folder)))
         return model
 
     def save_pretrained(self, folder: str) -> None:
         """Write config.json + model.safetensors that `GPT2LMHeadModel.from_pretrained` reads."""
-        from safetensors.torch import save_file
-
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(self.config.to_hf_dict(), f, indent=2)
-        state = {k: v.detach().contiguous() for k, v in self.hf_state_dict().items() if k != "lm_head.weight"}
-        save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        write_hf_folder(folder, self.config.to_hf_dict(), self.hf_state_dict(), tied="lm_head.weight")

@@ -203,6 +203,32 @@ def rename_state_dict(state: dict, rules: list[tuple[str, str]]) -> dict:
     return out
 
 
+def read_hf_config(folder: str) -> dict:
+    """config.json of a HuggingFace model folder, failing clearly when there is none."""
+    import json
+    import os
+
+    path = os.path.join(folder, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no config.json in {folder}: not a HuggingFace model folder")
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_hf_folder(folder: str, config: dict, state: dict, tied: str) -> None:
+    """Write config.json + model.safetensors (without the tied copy `tied`, as HF saves them)."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    state = {k: v.detach().contiguous() for k, v in state.items() if k != tied}
+    save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+
+
 def read_hf_weights(folder: str) -> dict:
     """The state dict of a HuggingFace checkpoint folder (model.safetensors or pytorch_model.bin)."""
     import os

@@ -99,6 +99,34 @@ def markdown_header(title: str, meta: dict) -> list[str]:
     return [f"# {title}{gpu}", "", f"{versions}, {meta['date']}.", f"Command: `{meta['command']}`", ""]
 
 
+def step_timer(warmup: int, total: int):
+    """A Lightning callback timing optimizer steps warmup .. total of a training run, with a device sync
+    at both ends; after fit: .t0, .t1 (perf_counter seconds) and .loss (the last step's). Resets the peak
+    memory counter when training starts."""
+    import time
+
+    import lightning as L
+    import torch
+
+    cuda = torch.cuda.is_available()
+
+    class StepTimer(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == warmup and not hasattr(self, "t0"):
+                cuda and torch.cuda.synchronize()
+                self.t0 = time.perf_counter()
+            if trainer.global_step == total:
+                cuda and torch.cuda.synchronize()
+                self.t1 = time.perf_counter()
+                self.loss = float(outputs["loss"])
+
+    return StepTimer()
+
+
 def pyplot():
     """matplotlib's pyplot on the file-only backend (no display on the benchmark machines)."""
     import matplotlib

@@ -30,7 +30,7 @@ import sys
 import time
 import traceback
 
-from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata
+from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata, step_timer
 
 repo_root()
 
@@ -122,7 +122,6 @@ def run_hf(args, attn_impl: str, compile_: bool) -> dict:
 
 
 def run_ours(args, attn: str, compile_: bool) -> dict:
-    import lightning as L
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -132,20 +131,6 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
     register_resolvers()
     total = args.warmup + args.steps
     cuda = torch.cuda.is_available()
-
-    class Timer(L.Callback):
-        def on_train_start(self, trainer, pl_module):
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if trainer.global_step == args.warmup and not hasattr(self, "t0"):
-                cuda and torch.cuda.synchronize()
-                self.t0 = time.perf_counter()
-            if trainer.global_step == total:
-                cuda and torch.cuda.synchronize()
-                self.t1 = time.perf_counter()
-                self.loss = float(outputs["loss"])
 
     sizes = [f"model.{k}={v}" for k, v in bert_sizes(args).items()]
     overrides = [
@@ -162,7 +147,7 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     datamodule_, task, trainer = build(cfg)
-    timer = Timer()
+    timer = step_timer(args.warmup, total)
     trainer.callbacks.append(timer)
     trainer.fit(task, datamodule=datamodule_)
     return {"seconds": timer.t1 - timer.t0, "loss": timer.loss,

@@ -4,8 +4,6 @@ Under TRITON_INTERPRET=1 (no GPU) the kernels run with 16 x 16 tiles, so block_s
 both one tile per block and several tiles per block; shapes are tiny. GPU tests (bf16, block sizes 64
 and 128, longer sequences) are marked `gpu`.
 """
-import math
-
 import pytest
 import torch
 

@@ -5,7 +5,6 @@ Tolerance (STYLE.md, point 4): the kernel's max error vs float64 may be at most 
 Without a GPU the kernels run under TRITON_INTERPRET=1 (float32/float16, tiny shapes); the `gpu` tests
 (bf16, larger shapes, reruns on real hardware) run on the device.
 """
-import math
 
 import pytest
 import torch

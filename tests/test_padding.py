@@ -5,7 +5,6 @@ import warnings
 import pytest
 import torch
 
-from kernels import sparsity as S
 from kernels.attention import BlockSparseAttention, FlashAttention, SDPAttention, StandardAttention
 from kernels.padding import PackedBatch, pad, unpad
 from kernels.standard import standard_attention

@@ -23,7 +23,7 @@ if str(REPO) not in sys.path:  # `python train/run.py` puts train/ first on sys.
     sys.path.insert(0, str(REPO))
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from train.config import register_resolvers  # noqa: E402
 

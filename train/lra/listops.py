@@ -177,7 +177,7 @@ def load_split(data_dir, split: str, workers: int | None = None) -> dict:
     """basic_{split}.tsv -> {tokens, offsets, labels}, tokenized once into data_dir/tokens/ (keyed by
     the file's content digest)."""
     from train.data import file_digest
-    from train.lra import flatten, save_split
+    from train.lra import save_split
 
     path = Path(data_dir) / f"basic_{split}.tsv"
     if not path.exists():
