@@ -67,6 +67,9 @@ from kernels.flash import (
     fwd_finalize,
     load_row_stats,
     load_tile,
+    lse_shape,
+    lse_strides,
+    problem_sizes,
     seq_bounds,
 )
 from kernels.sparsity import BlockSparseLayout, cdiv, check_layout_tensor
@@ -549,14 +552,9 @@ def _bs_forward(q, k, v, tables, block_size, causal, sm_scale, dropout_p, cu_q=N
     built for the layout's own lengths and the grid sized by the longest sequence."""
     varlen = cu_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
-    if varlen:
-        batch = cu_q.numel() - 1
-        lse = torch.empty(nheads, q.shape[0], device=q.device, dtype=torch.float32)
-        slb, slh = 0, q.shape[0]
-    else:
-        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
-        lse = torch.empty(batch, nheads, max_q, device=q.device, dtype=torch.float32)
-        slb, slh = lse.stride(0), lse.stride(1)
+    batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
+    lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
+    slb, slh = lse_strides(lse, varlen)
     bm, bn, warps, stages = _tiles("fwd", block_size, d)
     row_full, row_part, row_idx = tables[:3]
     o = q.new_empty(q.shape)
@@ -580,12 +578,8 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
     nheads, d = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
-    if varlen:
-        batch = cu_q.numel() - 1
-        slb, slh = 0, q.shape[0]
-    else:
-        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
-        slb, slh = lse.stride(0), lse.stride(1)
+    batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
+    slb, slh = lse_strides(lse, varlen)
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
@@ -626,9 +620,7 @@ def _bs_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[t
 
 @_bs_fwd_op.register_fake
 def _bs_fwd_fake(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p):
-    nheads = q.shape[-2]
-    lse_shape = (nheads, q.shape[0]) if cu_q is not None else (q.shape[0], nheads, q.shape[1])
-    return (q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32),
+    return (q.new_empty(q.shape), q.new_empty(lse_shape(q, cu_q is not None), dtype=torch.float32),
             q.new_empty((1,), dtype=torch.int64))
 
 

@@ -747,18 +747,31 @@ def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_s
     return delta
 
 
+def problem_sizes(q, k, cu_q, max_q, max_k) -> tuple[int, int, int]:
+    """(batch, max_seqlen_q, max_seqlen_k): from the shapes, or for varlen (cu_q given) from cu_seqlens and
+    the maxima the caller passed. SHARED with kernels/blocksparse.py."""
+    if cu_q is not None:
+        return cu_q.numel() - 1, max_q, max_k
+    return q.shape[0], q.shape[1], k.shape[1]
+
+
+def lse_shape(q, varlen: bool) -> tuple[int, ...]:
+    """The log-sum-exp the forward stores: (nheads, total_q) for varlen, else (batch, nheads, seqlen_q)."""
+    return (q.shape[-2], q.shape[0]) if varlen else (q.shape[0], q.shape[-2], q.shape[1])
+
+
+def lse_strides(lse, varlen: bool) -> tuple[int, int]:
+    """(batch, head) strides of the LSE as the kernels take them (varlen has no batch dimension: 0)."""
+    return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+
+
 def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k):
     nheads, headdim = q.shape[-2], q.shape[-1]
     group = nheads // k.shape[-2]
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if varlen:
-        batch = cu_q.numel() - 1
-        lse = torch.empty(nheads, q.shape[0], dtype=torch.float32, device=q.device)
-        slb, slh = 0, q.shape[0]
-    else:
-        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
-        lse = torch.empty(batch, nheads, max_q, dtype=torch.float32, device=q.device)
-        slb, slh = lse.stride(0), lse.stride(1)
+    batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
+    lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
+    slb, slh = lse_strides(lse, varlen)
     seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
     thresh, drop_scale = _drop_consts(dropout_p)
     cu_q_arg = cu_q if varlen else lse
@@ -777,12 +790,8 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
     do = _lastdim_contig(do)
-    if varlen:
-        batch = cu_q.numel() - 1
-        slb, slh = 0, q.shape[0]
-    else:
-        batch, max_q, max_k = q.shape[0], q.shape[1], k.shape[1]
-        slb, slh = lse.stride(0), lse.stride(1)
+    batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
+    slb, slh = lse_strides(lse, varlen)
     delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -824,9 +833,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
 
 @_fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
-    nheads = q.shape[-2]
-    lse_shape = (nheads, q.shape[0]) if cu_q is not None else (q.shape[0], nheads, q.shape[1])
-    return (q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32),
+    return (q.new_empty(q.shape), q.new_empty(lse_shape(q, cu_q is not None), dtype=torch.float32),
             q.new_empty((1,), dtype=torch.int64))
 
 

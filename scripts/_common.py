@@ -127,6 +127,31 @@ def step_timer(warmup: int, total: int):
     return StepTimer()
 
 
+def run_row(cmd: list[str], name: str, timeout: float) -> dict:
+    """Run one benchmark row in its own process (clean peak memory, no shared compile caches): the row
+    prints `ROWJSON {...}`; a failure or timeout becomes {"row", "error"}. Adds the wall time, prints it."""
+    import json
+    import subprocess
+    import time
+    import traceback
+
+    t = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROWJSON ")]
+        if p.returncode == 0 and line:
+            row = json.loads(line[-1][len("ROWJSON "):])
+        else:
+            row = {"row": name, "error": "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])}
+    except subprocess.TimeoutExpired:
+        row = {"row": name, "error": f"timed out after {timeout} s"}
+    except Exception:
+        row = {"row": name, "error": traceback.format_exc()[-2000:]}
+    row["wall_s"] = time.time() - t
+    print(name, {k: v for k, v in row.items() if k != "overrides"}, flush=True)
+    return row
+
+
 def pyplot():
     """matplotlib's pyplot on the file-only backend (no display on the benchmark machines)."""
     import matplotlib

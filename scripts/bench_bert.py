@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
-import traceback
 
-from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata, step_timer
+from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata, run_row, step_timer
 
 repo_root()
 
@@ -266,20 +264,7 @@ def main():
                "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
                "--seed", str(args.seed), "--data-dir", args.data_dir, "--data-source", args.data_source,
                "--workdir", args.workdir]
-        t = time.time()
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
-            line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROWJSON ")]
-            if p.returncode == 0 and line:
-                rows.append(json.loads(line[-1][8:]))
-            else:
-                rows.append({"row": name, "error": "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])})
-        except subprocess.TimeoutExpired:
-            rows.append({"row": name, "error": f"timed out after {args.row_timeout} s"})
-        except Exception:
-            rows.append({"row": name, "error": traceback.format_exc()[-2000:]})
-        rows[-1]["wall_s"] = time.time() - t
-        print(name, {k: v for k, v in rows[-1].items() if k != "overrides"}, flush=True)
+        rows.append(run_row(cmd, name, args.row_timeout))
 
     from models.bert import BertForPreTraining
     from train.callbacks import detect_peak_flops

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
-import traceback
 
-from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata, step_timer
+from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata, run_row, step_timer
 
 repo_root()
 
@@ -159,21 +157,7 @@ def main():
         cmd = [sys.executable, __file__, "--row", name, "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--seed", str(args.seed),
                "--data-dir", args.data_dir, "--data-source", args.data_source, "--workdir", args.workdir]
-        t = time.time()
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
-            line = [ln for ln in p.stdout.splitlines() if ln.startswith("ROWJSON ")]
-            if p.returncode == 0 and line:
-                rows.append(json.loads(line[-1][8:]))
-            else:
-                err = (p.stderr or p.stdout).strip().splitlines()[-15:]
-                rows.append({"row": name, "error": "\n".join(err)})
-        except subprocess.TimeoutExpired:
-            rows.append({"row": name, "error": f"timed out after {args.row_timeout} s"})
-        except Exception:
-            rows.append({"row": name, "error": traceback.format_exc()[-2000:]})
-        rows[-1]["wall_s"] = time.time() - t
-        print(name, {k: v for k, v in rows[-1].items() if k != "overrides"}, flush=True)
+        rows.append(run_row(cmd, name, args.row_timeout))
 
     out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
