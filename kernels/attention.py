@@ -158,11 +158,12 @@ class BlockSparseAttention(Attention):
         self.block_size = int(block_size)
         self.pattern_kwargs = dict(pattern_kwargs)
         make_layout(self.pattern, self.block_size, self.block_size, self.block_size, **self.pattern_kwargs)
+        # What the layout is made from; the lengths and device complete the cache key per call.
+        self._spec = (self.pattern if isinstance(self.pattern, str) else tuple(self.pattern), self.block_size,
+                      repr(sorted(self.pattern_kwargs.items())))
 
     def layout(self, seqlen_q: int, seqlen_k: int, device):
-        pattern = self.pattern if isinstance(self.pattern, str) else tuple(self.pattern)
-        key = (pattern, self.block_size, repr(sorted(self.pattern_kwargs.items())), seqlen_q, seqlen_k,
-               str(device))
+        key = (*self._spec, seqlen_q, seqlen_k, str(device))
         if key not in self._LAYOUTS:
             from kernels.sparsity import make_layout
 
