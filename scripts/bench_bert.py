@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata, run_row, step_timer
 
@@ -44,11 +45,32 @@ MODELS = {  # name -> encoder sizes (models/bert.py keyword names)
 }
 
 
-def datamodule(args, num_samples: int):
-    from train.bert_data import BertDataModule
+DATA_CONFIG = {"embedded": "bert", "corpus": "bert-corpus", "wikipedia": "wikipedia"}
 
-    dm = BertDataModule(format="prepared", source=args.data_source, data_dir=args.data_dir, seq_len=args.seq_len,
-                        batch_size=args.batch, num_workers=2, seed=args.seed, num_samples=num_samples)
+
+def data_overrides(args) -> list[str]:
+    """The data config of every row, HF's included: one config means one prepared folder and one stream
+    (two configs with other preparation settings would rebuild the same folder under each other)."""
+    return [f"data={DATA_CONFIG[args.data_source]}", f"data.data_dir={args.data_dir}",
+            f"data.batch_size={args.batch}", f"seed={args.seed}", f"model.max_positions={args.seq_len}"]
+
+
+def compose_config(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def datamodule(args, num_samples: int):
+    from hydra.utils import instantiate
+
+    cfg = compose_config(["experiment=bert/large-mlperf", *data_overrides(args)])
+    dm = instantiate(cfg.data, num_samples=num_samples)
+    dm.prepare_data()
     dm.setup()
     return dm
 
@@ -63,6 +85,20 @@ def timed_lengths(args):
     stream = Shuffled(dm.train_set, args.seed, (args.warmup + args.steps) * args.batch)
     idx = range(args.warmup * args.batch, (args.warmup + args.steps) * args.batch)
     return np.array([len(stream[i]["input_ids"]) for i in idx])
+
+
+def data_stamp(args) -> str:
+    """The prepared folder's stamp (its inputs and settings): rows compare only on one stamp."""
+    meta = Path(args.data_dir) / "meta.json"
+    return json.loads(meta.read_text())["stamp"] if meta.exists() else "?"
+
+
+def check_same_data(rows: list[dict], env: dict):
+    """Every timed row must have read the same prepared examples; a mix does not compare."""
+    for r in rows:
+        if "seconds" in r and r.get("data_stamp") != env["data_stamp"]:
+            raise RuntimeError(f"row {r['row']} read data stamp {r.get('data_stamp')}, the run {env['data_stamp']}: "
+                               f"the prepared folder {env['data']} changed during the run")
 
 
 def bert_sizes(args) -> dict:
@@ -121,20 +157,16 @@ def run_hf(args, attn_impl: str, compile_: bool) -> dict:
 
 def run_ours(args, attn: str, compile_: bool) -> dict:
     import torch
-    from hydra import compose, initialize_config_dir
 
-    from train.config import CONFIG_DIR, register_resolvers
     from train.run import build
 
-    register_resolvers()
     total = args.warmup + args.steps
     cuda = torch.cuda.is_available()
 
-    sizes = [f"model.{k}={v}" for k, v in bert_sizes(args).items()]
+    sizes = [f"model.{k}={v}" for k, v in bert_sizes(args).items() if k != "max_positions"]
     overrides = [
-        "experiment=bert/large-mlperf", f"attn={attn}", f"compile={str(compile_).lower()}", f"seed={args.seed}",
-        *sizes, f"data.batch_size={args.batch}", f"data.source={args.data_source}", f"data.data_dir={args.data_dir}",
-        "global_batch_size=null", f"trainer.max_steps={total}", "trainer.limit_val_batches=0",
+        "experiment=bert/large-mlperf", f"attn={attn}", f"compile={str(compile_).lower()}", *data_overrides(args),
+        *sizes, "global_batch_size=null", f"trainer.max_steps={total}", "trainer.limit_val_batches=0",
         "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
         f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}",
@@ -142,8 +174,7 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
     ]
     if not cuda:
         overrides.append("trainer.accelerator=cpu")
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose_config(overrides)
     datamodule_, task, trainer = build(cfg)
     timer = step_timer(args.warmup, total)
     trainer.callbacks.append(timer)
@@ -161,7 +192,7 @@ def one_row(args) -> dict:
         attn, comp = OURS[name]
         res = run_ours(args, attn, comp)
     lengths = timed_lengths(args)
-    res.update(row=name, steps=args.steps, warmup=args.warmup, batch=args.batch, seq_len=args.seq_len,
+    res.update(row=name, data_stamp=data_stamp(args), steps=args.steps, warmup=args.warmup, batch=args.batch, seq_len=args.seq_len,
                model=args.model, real_tokens=int(lengths.sum()), sum_sq_len=int((lengths ** 2).sum()))
     return res
 
@@ -183,7 +214,7 @@ def derive(rows: list[dict], peak_flops: float | None = None, flops_of=None) -> 
 def merge_rows(old: dict, new_rows: list[dict], env: dict) -> tuple[list[dict], dict]:
     """Rows of an earlier run that this one did not redo, plus this run's, in ROWS order; the commands of
     both runs are recorded. Runs with other data or sizes are refused (their numbers do not compare)."""
-    keys = ("data", "padding_fraction")
+    keys = ("data", "data_stamp", "padding_fraction")
     if any(old["env"].get(k) != env.get(k) for k in keys):
         raise ValueError(f"--merge: {args_of(old['env'])} differs from this run's {args_of(env)}")
     redone = {r["row"] for r in new_rows}
@@ -250,13 +281,9 @@ def main():
         print("ROWJSON " + json.dumps(one_row(args)), flush=True)
         return
 
-    if args.data_source == "embedded":
-        from train.bert_data import Settings, max_predictions_for, prepare
-
-        prepare("embedded", args.data_dir, Settings(max_seq_len=args.seq_len,
-                                                    max_predictions=max_predictions_for(args.seq_len)))
-    lengths = timed_lengths(args)
+    lengths = timed_lengths(args)  # prepares the data first where the source prepares on first use
     env = dict(run_metadata(libs=("transformers",)), data=f"{args.data_source} ({rel(args.data_dir)})",
+               data_stamp=data_stamp(args),
                padding_fraction=float(1 - lengths.mean() / args.seq_len), mean_length=float(lengths.mean()))
     rows = []
     for name in args.rows.split(","):
@@ -273,6 +300,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     if args.merge and (out / "bench_bert.json").exists():
         rows, env = merge_rows(json.loads((out / "bench_bert.json").read_text()), rows, env)
+    check_same_data(rows, env)
     ref = BertForPreTraining(**bert_sizes(args))
     derive(rows, detect_peak_flops(), lambda r: ref.flops(r["real_tokens"], r["sum_sq_len"]))
     (out / "bench_bert.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))

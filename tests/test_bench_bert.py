@@ -91,3 +91,10 @@ def test_merge_keeps_rows_from_an_earlier_call():
     assert env["command"] == "python a; python b"
     with pytest.raises(ValueError, match="differs"):
         bench.merge_rows(old, [], dict(META, padding_fraction=0.3))
+
+
+def test_rows_that_read_other_examples_are_refused():
+    env = dict(META, data_stamp="a")
+    bench.check_same_data([_row("hf-sdpa", 1.0, data_stamp="a"), {"row": "hf-eager", "error": "x"}], env)
+    with pytest.raises(RuntimeError, match="changed during the run"):
+        bench.check_same_data([_row("hf-sdpa", 1.0, data_stamp="a"), _row("ours-flash", 1.0, data_stamp="b")], env)

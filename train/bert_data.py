@@ -290,6 +290,12 @@ def prepare_examples(texts, out_dir, settings: Settings = Settings(), *, stamp: 
     if is_prepared(out_dir, stamp):
         print(f"{out_dir} is up to date (stamp {stamp}); nothing to do")
         return json.loads((out_dir / "meta.json").read_text())
+    if (out_dir / "meta.json").exists():  # a rebuild is not silent: runs that read the old examples no longer compare
+        old = json.loads((out_dir / "meta.json").read_text())
+        changed = {k: (v, asdict(settings).get(k)) for k, v in old.get("settings", {}).items()
+                   if asdict(settings).get(k) != v}
+        print(f"{out_dir}: rebuilding, its examples (stamp {old.get('stamp')}) were made from other inputs or "
+              f"settings{' ' + str(changed) if changed else ''}")
     num_proc = max(1, num_proc or (os.cpu_count() or 1))
     texts = list(texts)
     batches = [texts[i:i + 16] for i in range(0, len(texts), 16)]  # small: even work for the processes
