@@ -658,6 +658,36 @@ def _bs_op_backward(ctx, do, dlse, dseed):
 _bs_fwd_op.register_autograd(_bs_op_backward, setup_context=_bs_setup_context)
 
 
+class _EagerBlockSparse(torch.autograd.Function):
+    """The custom ops' forward and backward for eager calls, without the op dispatcher's host time (as
+    kernels/flash.py's _EagerFlash)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p, *tables):
+        o, lse, seed = _bs_forward(q, k, v, list(tables), block_size, causal, softmax_scale, dropout_p, cu_q, cu_k,
+                                   max_q, max_k)
+        ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k, *tables)
+        ctx.args = (max_q, max_k, block_size, causal, softmax_scale, dropout_p)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, seed, cu_q, cu_k, *tables = ctx.saved_tensors
+        max_q, max_k, block_size, causal, softmax_scale, dropout_p = ctx.args
+        dq, dk, dv = _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, softmax_scale, dropout_p,
+                                  cu_q, cu_k, max_q, max_k)
+        return (dq, dk, dv) + (None,) * (8 + len(tables))
+
+
+def _blocksparse(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p):
+    """The output: the custom op under torch.compile, the plain autograd Function in eager mode."""
+    if torch.compiler.is_compiling():
+        return _bs_fwd_op(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale,
+                          dropout_p)[0]
+    return _EagerBlockSparse.apply(q, k, v, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p,
+                                   *tables)
+
+
 def blocksparse_attn_func(q, k, v, layout, block_size=None, dropout_p=0.0, softmax_scale=None, causal=False):
     """Block-sparse attention.
 
@@ -675,8 +705,8 @@ def blocksparse_attn_func(q, k, v, layout, block_size=None, dropout_p=0.0, softm
     sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     tables = _kernel_tables(lay, causal, d, q.device, False, seqlen_q, k.shape[1])
-    return _bs_fwd_op(q, k, v, tables, None, None, seqlen_q, k.shape[1], lay.block_size, causal, float(sm_scale),
-                      float(dropout_p))[0]
+    return _blocksparse(q, k, v, tables, None, None, seqlen_q, k.shape[1], lay.block_size, causal, float(sm_scale),
+                        float(dropout_p))
 
 
 def blocksparse_attn_varlen_func(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -708,8 +738,8 @@ def blocksparse_attn_varlen_func(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, ma
     sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     tables = _kernel_tables(lay, causal, d, q.device, True, int(max_seqlen_q), int(max_seqlen_k))
-    return _bs_fwd_op(q, k, v, tables, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                      lay.block_size, causal, float(sm_scale), float(dropout_p))[0]
+    return _blocksparse(q, k, v, tables, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                        lay.block_size, causal, float(sm_scale), float(dropout_p))
 
 
 def blocksparse_reference(q, k, v, layout, block_size=None, softmax_scale=None, causal=False, dropout_p=0.0,

@@ -868,6 +868,37 @@ def _fwd_backward(ctx, do, dlse, dseed):
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
+class _EagerFlash(torch.autograd.Function):
+    """The same forward and backward as the custom ops, for eager calls: the op dispatcher and its
+    autograd wrapper cost ~100 us of host time per call each way, as much as a whole BERT-shape kernel,
+    and eager models are launch-bound at small shapes. Compiled graphs take the ops (see `_attention`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
+        o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k, max_q,
+                                  max_k)
+        ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
+        ctx.args = (max_q, max_k, softmax_scale, causal, dropout_p)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, softmax_scale, causal, dropout_p = ctx.args
+        dq, dk, dv = _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu_q is not None,
+                                cu_q, cu_k, max_q, max_k)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
+    """(out, base-2 LSE): the custom op under torch.compile, the plain autograd Function in eager mode."""
+    if torch.compiler.is_compiling():
+        out, lse, _ = _fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
+        return out, lse
+    return _EagerFlash.apply(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
+
+
 def _public_lse(lse2: torch.Tensor) -> torch.Tensor:
     return lse2 * LN2  # the kernels keep the log-sum-exp in base 2
 
@@ -883,7 +914,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     check_inputs(q, k, v, dropout_p=dropout_p)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
-    out, lse, _ = _fwd_op(q, k, v, None, None, q.shape[1], k.shape[1], float(scale), bool(causal), float(dropout_p))
+    out, lse = _attention(q, k, v, None, None, q.shape[1], k.shape[1], float(scale), bool(causal), float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
 
 
@@ -902,7 +933,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                  max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
-    out, lse, _ = _fwd_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(scale),
+    out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(scale),
                           bool(causal), float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
 

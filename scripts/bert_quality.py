@@ -1,0 +1,182 @@
+"""The FlashAttention paper's Table 1 at lab scale: BERT pretrained with the same seed and data order once
+per attention kind; masked-LM accuracy curves and wall-clock time to fixed accuracies.
+
+    python scripts/bert_quality.py                                   # experiment=bert/base-quick, standard + flash
+    python scripts/bert_quality.py --budget 560 trainer.max_steps=600 scheduler.warmup_steps=60 eval_every_steps=100
+    python scripts/bert_quality.py --collect                         # the table from the run folders only
+
+Each kind is one `python train/run.py experiment=EXPERIMENT attn=KIND seed=SEED ...` process (extra
+arguments are Hydra overrides given to every run) under RUNS/KIND-seedSEED. Resumable: a finished run
+(its `done:` line) is skipped; one cut off by --budget continues from checkpoints/last.ckpt, its earlier
+metrics.csv kept beside as metrics.partN.csv. Time is training wall-clock: the sum of SpeedMonitor's
+windows (training steps and the evaluations between them; process start, checkpoint loading and the
+first window's compilation included only as they fall inside a window), summed over every part of a run.
+Writes quality.md, quality.json and quality.png to --out (GPU, versions, date, command).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from _common import markdown_header, pyplot, rel, repo_path, repo_root, run_metadata
+from reproduce_lra import Runner, keep_old_metrics, read_metrics, resume_checkpoint, show
+
+REPO = repo_root()
+LEVELS = (0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.72)
+
+
+def run_dir(runs: Path, kind: str, seed: int) -> Path:
+    return runs / f"{kind}-seed{seed}"
+
+
+def command(experiment: str, kind: str, seed: int, folder: Path, overrides, ckpt: Path | None) -> list[str]:
+    cmd = ["python", "train/run.py", f"experiment={experiment}", f"attn={kind}", f"seed={seed}",
+           f"hydra.run.dir={rel(folder)}", "logger=csv", "trainer.enable_progress_bar=false", *overrides]
+    return cmd + ([f"ckpt_path={rel(ckpt)}"] if ckpt else [])
+
+
+def finished(folder: Path) -> bool:
+    log = folder / "stdout.log"
+    return log.exists() and any(ln.startswith("done: ") for ln in log.read_text(errors="replace").splitlines())
+
+
+def read_parts(folder: Path) -> list[dict]:
+    """Every part's metrics rows in order (metrics.part1.csv, ..., metrics.csv), each tagged with its part."""
+    parts = sorted(folder.glob("metrics.part*.csv"), key=lambda p: int(p.stem.removeprefix("metrics.part")))
+    rows = []
+    for i, path in enumerate([*parts, folder / "metrics.csv"]):
+        rows += [dict(r, part=i) for r in read_metrics(path)]
+    return rows
+
+
+def curve(rows: list[dict]) -> dict:
+    """Evaluations as (step, seconds of training so far, val/mlm_acc, val/mlm_loss), and the steady speed."""
+    elapsed, last_step, clock = 0.0, {}, []  # clock: (step, cumulative seconds) at each SpeedMonitor window
+    for r in rows:
+        if "perf/step_time_ms" in r:
+            prev = last_step.get(r["part"], None)
+            if prev is None:  # a part's first window runs from the resumed step (the previous part's last)
+                prev = max((s for s, _ in clock), default=0.0)
+            elapsed += r["perf/step_time_ms"] * (r["step"] - prev) / 1000
+            last_step[r["part"]] = r["step"]
+            clock.append((r["step"], elapsed))
+    evals = []
+    for r in rows:
+        if "val/mlm_acc" in r:
+            before = [t for s, t in clock if s <= r["step"]]
+            evals.append({"step": int(r["step"]), "seconds": before[-1] if before else 0.0,
+                          "mlm_acc": r["val/mlm_acc"], "mlm_loss": r.get("val/mlm_loss"),
+                          "nsp_acc": r.get("val/nsp_acc")})
+    tps = [r["perf/tokens_per_s"] for r in rows if "perf/tokens_per_s" in r][1:]
+    return {"evals": evals, "seconds": elapsed, "steps": int(max((s for s, _ in clock), default=0)),
+            "tokens_per_s": sum(tps) / len(tps) if tps else None}
+
+
+def time_to(evals: list[dict], level: float) -> float | None:
+    return next((e["seconds"] for e in evals if e["mlm_acc"] >= level), None)
+
+
+def summarize(curves: dict) -> dict:
+    """Time to each accuracy level per kind and the speedup of every kind over standard."""
+    levels = [lv for lv in LEVELS if all(time_to(c["evals"], lv) is not None for c in curves.values())]
+    table = []
+    for lv in levels:
+        row = {"level": lv, **{k: time_to(c["evals"], lv) for k, c in curves.items()}}
+        if "standard" in curves:
+            row["speedup"] = {k: row["standard"] / row[k] for k in curves if k != "standard" and row[k]}
+        table.append(row)
+    gaps = []  # accuracy difference at the evaluations both runs made
+    if {"standard", "flash"} <= curves.keys():
+        flash = {e["step"]: e["mlm_acc"] for e in curves["flash"]["evals"]}
+        gaps = [abs(e["mlm_acc"] - flash[e["step"]]) for e in curves["standard"]["evals"] if e["step"] in flash]
+    return {"levels": table, "max_acc_gap": max(gaps) if gaps else None, "evals_compared": len(gaps)}
+
+
+def markdown(curves: dict, summary: dict, meta: dict, unfinished: list[str]) -> str:
+    lines = markdown_header("BERT masked-LM accuracy and time to accuracy per attention kind (Table 1 at lab scale)",
+                            meta)
+    lines += ["| attention | steps | final val/mlm_acc | final val/mlm_loss | final val/nsp_acc | tokens/s (real) "
+              "| training time (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for kind, c in curves.items():
+        e = c["evals"][-1] if c["evals"] else {}
+        f = lambda x, fmt: "-" if x is None else fmt.format(x)  # noqa: E731
+        lines.append(f"| {kind} | {c['steps']} | {f(e.get('mlm_acc'), '{:.4f}')} | {f(e.get('mlm_loss'), '{:.3f}')} | "
+                     f"{f(e.get('nsp_acc'), '{:.3f}')} | {f(c['tokens_per_s'], '{:,.0f}')} | {c['seconds']:.0f} |")
+    if summary["max_acc_gap"] is not None:
+        lines += ["", f"Largest |standard - flash| masked-LM accuracy gap over the {summary['evals_compared']} "
+                      f"evaluations both made: {summary['max_acc_gap']:.4f}."]
+    kinds = list(curves)
+    others = [k for k in kinds if k != "standard"]
+    lines += ["", "Training wall-clock (s) to reach each masked-LM accuracy (every level both runs reached):", "",
+              "| val/mlm_acc >= | " + " | ".join(kinds) + " | " + " | ".join(f"speedup {k}" for k in others) + " |",
+              "|---:|" + "---:|" * (len(kinds) + len(others))]
+    for row in summary["levels"]:
+        sp = [f"{row['speedup'][k]:.2f}x" if row.get("speedup", {}).get(k) else "-" for k in others]
+        lines.append(f"| {row['level']:.2f} | " + " | ".join(f"{row[k]:.0f}" for k in kinds) + " | "
+                     + " | ".join(sp) + " |")
+    if unfinished:
+        lines += ["", "Not finished within the device budget (rerun the same command to continue):", "",
+                  *[f"- `{c}`" for c in unfinished]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: dict, path: Path, meta: dict) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    for kind, c in curves.items():
+        ev = c["evals"]
+        ax[0].plot([e["step"] for e in ev], [e["mlm_acc"] for e in ev], marker=".", label=kind)
+        ax[1].plot([e["seconds"] for e in ev], [e["mlm_acc"] for e in ev], marker=".", label=kind)
+    ax[0].set_xlabel("optimizer step")
+    ax[1].set_xlabel("training wall-clock (s)")
+    for a in ax:
+        a.set_ylabel("val masked-LM accuracy")
+        a.legend()
+    fig.suptitle(f"BERT masked-LM accuracy per attention kind ({meta['gpu']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    ap.add_argument("--experiment", default="bert/base-quick")
+    ap.add_argument("--kinds", default="standard,flash")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runs", default="outputs/bert_quality")
+    ap.add_argument("--out", default="results/bert")
+    ap.add_argument("--budget", type=float, default=None, help="seconds this invocation may take")
+    ap.add_argument("--collect", action="store_true", help="only build the table from the run folders")
+    args = ap.parse_args(argv)
+    runs, out = repo_path(args.runs), repo_path(args.out)
+    kinds = args.kinds.split(",")
+    meta = run_metadata([__file__, *(argv if argv is not None else sys.argv[1:])])
+    runner = Runner(None if args.budget is None else time.time() + args.budget, 60, False)
+    unfinished = []
+    for kind in kinds:
+        folder = run_dir(runs, kind, args.seed)
+        if not args.collect and not finished(folder):
+            ckpt = resume_checkpoint(folder)
+            if ckpt:
+                keep_old_metrics(folder)
+            status = runner.run(command(args.experiment, kind, args.seed, folder, args.overrides, ckpt),
+                                folder / "stdout.log")
+            print(f"{kind}: {status}", flush=True)
+        if not finished(folder):
+            unfinished.append(show(["python", "scripts/bert_quality.py", *(argv if argv is not None else sys.argv[1:])]))
+    curves = {k: curve(read_parts(run_dir(runs, k, args.seed))) for k in kinds}
+    summary = summarize(curves)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quality.json").write_text(json.dumps({"env": meta, "curves": curves, **summary}, indent=1))
+    md = markdown(curves, summary, meta, sorted(set(unfinished)))
+    (out / "quality.md").write_text(md)
+    plot(curves, out / "quality.png", meta)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
