@@ -194,10 +194,13 @@ def test_chained_run_equals_unsplit_run(tmp_path):
 
 
 def test_time_budget_stops_a_call_with_a_checkpoint(tmp_path):
+    # an earlier call killed from outside left its row "running"
+    (tmp_path / "calls.csv").write_text("call,start_step,status\n1,0,running\n")
     trainer, _ = run(tmp_path, "trainer.max_steps=50", "callbacks.checkpoint.every_n_train_steps=100",
                      "callbacks.calls.budget_s=0")
     assert trainer.global_step == 1
-    (call,) = rows(tmp_path / "calls.csv")
+    killed, call = rows(tmp_path / "calls.csv")
+    assert killed["status"] == "killed (no end recorded)" and call["call"] == "2"
     assert (call["start_step"], call["end_step"], call["status"]) == ("0", "1", "stopped: budget_s")
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 1
     assert not math.isnan(float(call["wall_s"]))

@@ -13,7 +13,11 @@ how it ended), and the per-call limits (time, steps) that split a long run over 
 """
 from __future__ import annotations
 
+import csv
+import datetime
+import os
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -136,9 +140,10 @@ class CallLog(L.Callback):
 
     One row per call in `path` (<run dir>/calls.csv): call, start_step, end_step, steps, wall_s (training
     time of the call), started_utc, ended_utc, status, resumed_from, device. The row is written when
-    training starts (status "running", so a call killed from outside still shows where it began) and
-    completed when it ends: "finished" (max_steps reached), "stopped: budget_s" / "stopped: max_steps"
-    (this call's limits below), or "failed: <exception>". The same line is printed.
+    training starts, status "running" (a call killed from outside still shows where it began; the next
+    call marks it "killed (no end recorded)"), and completed when training ends: "finished" (max_steps
+    reached), "stopped: budget_s" / "stopped: max_steps" (this call's limits below), "interrupted"
+    (SIGINT) or "failed: <exception>". The same line is printed.
 
     A long run split over device calls of limited length: `budget_s` stops this call at the first
     optimizer step after that many seconds since the run was built (data preparation and compilation
@@ -153,8 +158,6 @@ class CallLog(L.Callback):
 
     def __init__(self, path: str, budget_s: float | None = None, max_steps: int | None = None,
                  resumed_from: str | None = None):
-        from pathlib import Path
-
         self.path, self.budget_s, self.max_steps = Path(path), budget_s, max_steps
         self.resumed_from = resumed_from
         self.stopped_by: str | None = None
@@ -162,17 +165,12 @@ class CallLog(L.Callback):
 
     # ---- the rows ---------------------------------------------------------------------------------
     def read(self) -> list[dict]:
-        import csv
-
         if not self.path.exists():
             return []
         with open(self.path, newline="") as f:
             return list(csv.DictReader(f))
 
     def _write(self, rows: list[dict]) -> None:
-        import csv
-        import os
-
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w", newline="") as f:
@@ -183,8 +181,6 @@ class CallLog(L.Callback):
 
     @staticmethod
     def _now() -> str:
-        import datetime
-
         return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     def _finish(self, trainer, status: str) -> None:
@@ -205,6 +201,9 @@ class CallLog(L.Callback):
         if not trainer.is_global_zero:
             return
         rows = self.read()
+        for row in rows:  # an earlier call killed from outside never completed its row
+            if row["status"] == "running":
+                row["status"] = "killed (no end recorded)"
         device = torch.cuda.get_device_name(pl_module.device) if pl_module.device.type == "cuda" else "cpu"
         self._row = {"call": len(rows) + 1, "start_step": trainer.global_step, "end_step": "", "steps": "",
                      "wall_s": "", "started_utc": self._now(), "ended_utc": "", "status": "running",
@@ -226,7 +225,7 @@ class CallLog(L.Callback):
         if stop:
             trainer.should_stop = True
             self.stopped_by = reason or "budget_s"
-        if stop or step >= trainer.max_steps:
+        if stop or 0 <= trainer.max_steps <= step:
             self._save_last(trainer)
 
     def _save_last(self, trainer) -> None:
@@ -234,8 +233,6 @@ class CallLog(L.Callback):
 
         ckpt = trainer.checkpoint_callback
         if isinstance(ckpt, ModelCheckpoint) and ckpt.dirpath and ckpt.save_last:
-            import os
-
             trainer.save_checkpoint(os.path.join(ckpt.dirpath, ckpt.CHECKPOINT_NAME_LAST + ckpt.FILE_EXTENSION))
 
     def on_train_end(self, trainer, pl_module):
@@ -246,4 +243,5 @@ class CallLog(L.Callback):
         self._finish(trainer, status)
 
     def on_exception(self, trainer, pl_module, exception):
-        self._finish(trainer, f"failed: {type(exception).__name__}")
+        stopped = isinstance(exception, KeyboardInterrupt)  # SIGINT: Lightning's graceful shutdown
+        self._finish(trainer, "interrupted" if stopped else f"failed: {type(exception).__name__}")

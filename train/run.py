@@ -163,7 +163,7 @@ def has_test_split(datamodule, task) -> bool:
 
 def train(cfg: DictConfig):
     resume = resume_path(cfg)
-    if resume is not None:
+    if resume is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # DDP: ranks > 0 start later
         keep_earlier_metrics(cfg.output_dir)
     datamodule, task, trainer = build(cfg)
     trainer.fit(task, datamodule=datamodule, ckpt_path=resume)
