@@ -64,6 +64,19 @@ def test_path256_layout_at_64k():
         instantiate(cfg_for(f"experiment=lra/{name}", "attn=blocksparse").attn)(dropout=0.0)
 
 
+@pytest.mark.parametrize("name", ["pathfinder64", "pathx", "path256"])
+def test_smoke_runs_train_validate_and_test(tmp_path, name):
+    """debug=smoke for each experiment, two steps (the CLI's full 20 take about a minute each here)."""
+    from train.run import train
+
+    trainer, _ = train(cfg_for(f"experiment=lra/{name}", "debug=smoke", "trainer.enable_progress_bar=false",
+                               "trainer.max_steps=2", "eval_every_steps=2", "trainer.limit_val_batches=1",
+                               "trainer.limit_test_batches=1", out=tmp_path))
+    assert trainer.global_step == 2 and "test/acc" in trainer.callback_metrics
+    assert any(r.get("val/acc") for r in rows(tmp_path / "metrics.csv"))
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists() and (tmp_path / "calls.csv").exists()
+
+
 # ------------------------------------------------------------------------------ curriculum
 
 def small(res, **kw):
