@@ -24,7 +24,7 @@ def cfg_for(*overrides, out="outputs/compose-only"):
 
 # ------------------------------------------------------------------------------ configs
 
-@pytest.mark.parametrize("name,res,attn,batch", [("pathfinder64", 64, "StandardAttention", 256),
+@pytest.mark.parametrize("name,res,attn,batch", [("pathfinder64", 64, "FlashAttention", 256),
                                                  ("pathx", 128, "FlashAttention", 64),
                                                  ("path256", 256, "BlockSparseAttention", 32)])
 def test_experiments_share_one_model_at_r_squared_tokens(name, res, attn, batch):

@@ -6,7 +6,7 @@
     python train/run.py experiment=synthetic/mlm attn=flash            # masked LM on synthetic padded batches
     python train/run.py debug=smoke hydra.run.dir=outputs/smoke          # 20 tiny steps on a CPU (any experiment)
     python train/run.py ... ckpt_path=outputs/<run>/checkpoints/last.ckpt   # resume the same curve
-    python train/run.py ... hydra.run.dir=runs/a ckpt_path=last callbacks.calls.budget_s=540   # one call of a chain
+    python train/run.py ... hydra.run.dir=runs/a ckpt_path=last callbacks.calls.budget_s=500   # one call of a chain
     python train/run.py experiment=lra/pathx init_from=runs/path64/checkpoints/last.ckpt   # curriculum
     python train/run.py trainer=ddp trainer.devices=2 ...              # data-parallel on 2 GPUs
 
