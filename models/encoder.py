@@ -2,6 +2,7 @@
 
 Both take padded batches with an attention_mask and remove the padding once per forward
 (`models.layers.Transformer`), so every layer and every attention kind works on real tokens only.
+`activation_checkpointing=True` recomputes each block in the backward instead of keeping its activations.
 
 - `EncoderForMaskedLM`: BERT-style (post-LayerNorm by default, embedding LayerNorm, token types);
   returns (masked-LM logits, next-sentence logits or None). Given `masked_positions` (batch, P), the
@@ -64,11 +65,13 @@ class EncoderForMaskedLM(_EncoderModel):
     def __init__(self, vocab_size: int, max_positions: int = 512, d_model: int = 256, n_layer: int = 4,
                  n_head: int = 4, d_ff: int | None = None, dropout: float = 0.1, attn_dropout: float = 0.1,
                  type_vocab_size: int = 2, nsp: bool = True, prenorm: bool = False, activation: str = "gelu",
-                 layer_norm_eps: float = 1e-12, attention_factory: Callable | None = None):
+                 layer_norm_eps: float = 1e-12, activation_checkpointing: bool = False,
+                 attention_factory: Callable | None = None):
         super().__init__()
         self.embed = Embeddings(vocab_size, d_model, max_positions, type_vocab_size, dropout, layer_norm_eps)
         self.transformer = Transformer(n_layer, d_model, n_head, _default_attention(attention_factory),
-                                       final_norm=prenorm, layer_norm_eps=layer_norm_eps, hidden=d_ff,
+                                       final_norm=prenorm, layer_norm_eps=layer_norm_eps,
+                                       activation_checkpointing=activation_checkpointing, hidden=d_ff,
                                        prenorm=prenorm, activation=activation, attn_dropout=attn_dropout,
                                        resid_dropout=dropout)
         self.mlm_transform = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU(),
@@ -98,14 +101,15 @@ class SequenceClassifier(_EncoderModel):
                  n_layer: int = 4, n_head: int = 4, d_ff: int | None = None, dropout: float = 0.1,
                  attn_dropout: float = 0.1, pooling: str = "mean", two_inputs: bool = False, prenorm: bool = True,
                  activation: str = "gelu", layer_norm_eps: float = 1e-5, positions: str = "learned",
-                 attention_factory: Callable | None = None):
+                 activation_checkpointing: bool = False, attention_factory: Callable | None = None):
         super().__init__()
         if pooling not in ("mean", "cls"):
             raise ValueError(f"unknown pooling {pooling!r}; choose 'mean' or 'cls'")
         self.pooling, self.two_inputs = pooling, two_inputs
         self.embed = Embeddings(vocab_size, d_model, max_positions, dropout=dropout, positions=positions)
         self.transformer = Transformer(n_layer, d_model, n_head, _default_attention(attention_factory),
-                                       final_norm=prenorm, layer_norm_eps=layer_norm_eps, hidden=d_ff,
+                                       final_norm=prenorm, layer_norm_eps=layer_norm_eps,
+                                       activation_checkpointing=activation_checkpointing, hidden=d_ff,
                                        prenorm=prenorm, activation=activation, attn_dropout=attn_dropout,
                                        resid_dropout=dropout)
         head_in = 4 * d_model if two_inputs else d_model

@@ -4,13 +4,17 @@
 - `MultiHeadAttention`: fused QKV projection -> the injected attention core -> output projection.
 - `MLP`: two linear layers around GELU (exact erf, as BERT, or tanh, as GPT-2).
 - `Block`: attention and MLP sublayers with residuals, pre-LayerNorm (GPT-2) or post-LayerNorm (BERT).
-- `Transformer`: a stack of blocks that removes padding once per forward.
+- `Transformer`: a stack of blocks that removes padding once per forward; optionally recomputes each
+  block's activations in the backward (`activation_checkpointing`) instead of keeping them.
 
 Padding: `Transformer.forward(x, attention_mask)` builds one `kernels.padding.PackedBatch` from the mask,
 keeps only the real tokens, and runs every block on (total_tokens, hidden): LayerNorm, MLP and
 projections never touch padding, and each attention core gets the same PackedBatch (varlen kernels
 for flash/block-sparse, a padded path for standard/SDPA). Without a mask, blocks run on
 (batch, seqlen, hidden). Blocks work on either shape, since everything but attention is per token.
+
+Curriculum across image sizes: `load_resizing_positions(model, state)` loads a checkpoint trained on
+smaller images, its learned position table resampled on the 2D pixel grid (`resize_positions_2d`).
 
 Parameter names here are neutral (`qkv`, `out`, `fc1`, `fc2`, `norm1`, `norm2`); each model file maps
 them to and from its HuggingFace names (`rename_state_dict`) when it reads or writes HF checkpoints.
@@ -24,6 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from kernels.padding import PackedBatch, unpad
 
@@ -131,14 +136,22 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """n_layer Blocks (+ a final LayerNorm for pre-norm stacks), padding removed once per forward."""
+    """n_layer Blocks (+ a final LayerNorm for pre-norm stacks), padding removed once per forward.
+
+    activation_checkpointing: keep only each block's input in training and recompute the block in the
+    backward (torch.utils.checkpoint, non-reentrant). The RNG state is restored for the recompute, so
+    dropout masks (torch's and the Triton kernels', drawn from torch's generator) are the same and the
+    gradients equal those without it. Costs one more forward per block; saves what standard attention
+    keeps per layer (the seqlen^2 probabilities), the only way it trains long sequences at all.
+    """
 
     def __init__(self, n_layer: int, dim: int, n_head: int, attention_factory, final_norm: bool = False,
-                 layer_norm_eps: float = 1e-5, **block_kwargs):
+                 layer_norm_eps: float = 1e-5, activation_checkpointing: bool = False, **block_kwargs):
         super().__init__()
         self.blocks = nn.ModuleList(Block(dim, n_head, attention_factory, layer_norm_eps=layer_norm_eps,
                                           **block_kwargs) for _ in range(n_layer))
         self.final_norm = nn.LayerNorm(dim, eps=layer_norm_eps) if final_norm else None
+        self.activation_checkpointing = activation_checkpointing
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, causal: bool = False):
         """x (batch, seqlen, dim) -> (hidden, packed). With a mask: hidden (total_tokens, dim) and the
@@ -147,8 +160,12 @@ class Transformer(nn.Module):
         if attention_mask is not None:
             packed = PackedBatch.from_mask(attention_mask)
             x = unpad(x, packed)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, causal, packed)
+            if recompute:
+                x = checkpoint(block, x, causal, packed, use_reentrant=False)
+            else:
+                x = block(x, causal, packed)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, packed
@@ -188,6 +205,54 @@ def transformer_flops(n_params: int, n_layer: int, n_head: int, head_dim: int, t
     halves it: half the score matrix is masked and a kernel may skip it."""
     attention = 12 * n_layer * n_head * head_dim * float(sum_sq_len)
     return 6.0 * n_params * float(tokens) + (attention / 2 if causal else attention)
+
+
+def resize_positions_2d(table: torch.Tensor, n: int, mode: str = "bicubic") -> torch.Tensor:
+    """A learned position table of an image's pixels, R0 * R0 rows in row-major order, for an R1 x R1
+    image (n = R1 * R1 rows): the rows as an R0 x R0 grid of vectors, resampled to R1 x R1 (bicubic, as
+    ViT does when fine-tuning at a higher resolution; antialiased when shrinking), flattened row-major.
+
+    In 2D, not along the sequence: pixel (r, c) is token R * r + c, so a 1D stretch would move a
+    pixel's position onto another row."""
+    old, dim = table.shape
+    r0, r1 = math.isqrt(old), math.isqrt(n)
+    if r0 * r0 != old or r1 * r1 != n:
+        raise ValueError(f"position tables of {old} and {n} rows are not both square pixel grids (R * R): "
+                         "only image positions without extra tokens ([CLS]) are resized")
+    grid = table.detach().float().reshape(r0, r0, dim).permute(2, 0, 1).unsqueeze(0)
+    out = F.interpolate(grid, size=(r1, r1), mode=mode, align_corners=False, antialias=r1 < r0)
+    return out[0].permute(1, 2, 0).reshape(n, dim).to(table.dtype)
+
+
+def load_resizing_positions(model: nn.Module, state: dict, mode: str = "bicubic") -> dict:
+    """Load `state` into `model`; learned position tables whose length differs (a checkpoint trained on
+    smaller images) are resized on the 2D pixel grid (`resize_positions_2d`). Every other tensor must
+    match in name and shape, else a ValueError names each difference. Returns {name: (old rows, new
+    rows)} of the resized tables."""
+    own = model.state_dict()
+    positions = {f"{name}.position.weight".lstrip(".") for name, m in model.named_modules()
+                 if isinstance(m, Embeddings) and m.position is not None}
+    problems = []
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing:
+        problems.append(f"missing {missing}")
+    if unexpected:
+        problems.append(f"unexpected {unexpected}")
+    state, resized = dict(state), {}
+    for key in sorted(set(own) & set(state)):
+        have, want = tuple(state[key].shape), tuple(own[key].shape)
+        if have == want:
+            continue
+        if key in positions and have[1:] == want[1:]:
+            state[key] = resize_positions_2d(state[key], want[0], mode)
+            resized[key] = (have[0], want[0])
+        else:
+            problems.append(f"{key}: checkpoint {have}, model {want}")
+    if problems:
+        raise ValueError("checkpoint does not fit the model (only learned position tables are resized, "
+                         "along their length): " + "; ".join(problems))
+    model.load_state_dict(state)
+    return resized
 
 
 def rename_state_dict(state: dict, rules: list[tuple[str, str]]) -> dict:

@@ -424,16 +424,6 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
     return last if last.exists() else None
 
 
-def keep_old_metrics(run_dir: Path) -> None:
-    """Lightning's CSVLogger deletes an existing metrics.csv; keep the cut-off part beside it."""
-    m = run_dir / "metrics.csv"
-    if m.exists():
-        k = 1
-        while (run_dir / f"metrics.part{k}.csv").exists():
-            k += 1
-        os.replace(m, run_dir / f"metrics.part{k}.csv")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides added to every run, e.g. debug=smoke")
@@ -487,9 +477,8 @@ def main(argv=None):
                             print(f"  done already: {rel(d)}", flush=True)
                             continue
                         ckpt = resume_checkpoint(d)
+                        # resumed: train/run.py keeps the cut-off metrics.csv as metrics.partK.csv
                         cmd = accuracy_command(t, kind, runs, seed, args.max_steps, args.ckpt_every, extra, ckpt)
-                        if ckpt is not None and not args.dry_run:
-                            keep_old_metrics(d)
                         status = runner.run(cmd, d / "stdout.log")
                         if status not in ("ok", "dry run"):
                             ckpt = resume_checkpoint(d)

@@ -96,3 +96,56 @@ def test_too_long_input_names_the_limit():
     model = SequenceClassifier(vocab_size=40, num_classes=3, max_positions=16, d_model=32, n_layer=1, n_head=2)
     with pytest.raises(ValueError, match="exceeds the 16 positions"):
         model(torch.zeros(1, 17, dtype=torch.long))
+
+
+# ---- activation checkpointing ----------------------------------------------------------------------
+def _loss_and_grads(model, ids, mask, labels):
+    torch.manual_seed(7)  # the dropout masks; the recompute must draw the same ones
+    loss = torch.nn.functional.cross_entropy(model(ids, mask), labels)
+    grads = torch.autograd.grad(loss, [p for p in model.parameters()])
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("kind,padded", [
+    ("standard", False), ("standard", True),
+    # the Triton kernels take about a minute here under the CPU interpreter
+    pytest.param("flash", False, marks=pytest.mark.slow), pytest.param("flash", True, marks=pytest.mark.slow)])
+def test_activation_checkpointing_same_loss_and_gradients(kind, padded, device):
+    """Recomputing each block in the backward changes nothing: same loss, same gradients, dropout on
+    (torch's in the blocks and, for flash, the kernel's own mask drawn from torch's generator)."""
+    torch.manual_seed(0)
+    kw = dict(vocab_size=40, num_classes=3, max_positions=SEQLEN, d_model=32, n_layer=2, n_head=2, dropout=0.1,
+              attn_dropout=0.1, attention_factory=KINDS[kind])
+    plain = SequenceClassifier(**kw).to(device).train()
+    ckpt = SequenceClassifier(**kw, activation_checkpointing=True).to(device).train()
+    ckpt.load_state_dict(plain.state_dict())
+    ids, mask = _batch(40, device)
+    mask = mask if padded else None
+    labels = torch.tensor([0, 2, 1], device=device)
+    loss_a, grads_a = _loss_and_grads(plain, ids, mask, labels)
+    loss_b, grads_b = _loss_and_grads(ckpt, ids, mask, labels)
+    assert loss_a > 0
+    torch.testing.assert_close(loss_b, loss_a, rtol=0, atol=0)
+    for (name, _), ga, gb in zip(plain.named_parameters(), grads_a, grads_b):
+        torch.testing.assert_close(gb, ga, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_activation_checkpointing_keeps_fewer_tensors_for_the_backward():
+    """What the option is for: standard attention's seqlen^2 probabilities are no longer saved per layer."""
+    def saved_bytes(model, ids):
+        total = [0]
+
+        def pack(t):
+            total[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(ids).sum()
+        return total[0]
+
+    torch.manual_seed(0)
+    kw = dict(vocab_size=40, num_classes=3, max_positions=256, d_model=32, n_layer=4, n_head=2)
+    ids = torch.randint(0, 40, (2, 256))
+    plain, ckpt = SequenceClassifier(**kw).train(), SequenceClassifier(**kw, activation_checkpointing=True).train()
+    scores = 2 * 2 * 256 * 256 * 4  # batch x heads x seqlen^2 float32, one layer's probabilities
+    assert saved_bytes(plain, ids) > 4 * scores > saved_bytes(ckpt, ids)

@@ -7,10 +7,17 @@ backward): 6 N tokens + 12 L H Q sum_sq_len (Kaplan et al., 2020; PaLM appendix 
 term halved when causal. The formula is linear in both counts, so one call per window is exact.
 tokens/s sums every rank; MFU divides the achieved FLOP/s per GPU by its dense bf16 peak
 (`peak_flops`, or detected from the device name).
+
+`CallLog`: one row per invocation of a run in <run dir>/calls.csv (which steps it covered, how long,
+how it ended), and the per-call limits (time, steps) that split a long run over device calls.
 """
 from __future__ import annotations
 
+import csv
+import datetime
+import os
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -126,3 +133,115 @@ class SpeedMonitor(L.Callback):
         if "peak_mem_gib" in rows[-1]:
             out["peak_mem_gib"] = max(r["peak_mem_gib"] for r in rows)
         return out
+
+
+class CallLog(L.Callback):
+    """Which optimizer steps each invocation (call) of a run covered, and chained runs.
+
+    One row per call in `path` (<run dir>/calls.csv): call, start_step, end_step, steps, wall_s (training
+    time of the call), started_utc, ended_utc, status, resumed_from, device. The row is written when
+    training starts, status "running" (a call killed from outside still shows where it began; the next
+    call marks it "killed (no end recorded)"), and completed when training ends: "finished" (max_steps
+    reached), "stopped: budget_s" / "stopped: max_steps" (this call's limits below), "interrupted"
+    (SIGINT) or "failed: <exception>". The same line is printed.
+
+    A long run split over device calls of limited length: `budget_s` stops this call at the first
+    optimizer step after that many seconds since the run was built (data preparation and compilation
+    count), `max_steps` after that many optimizer steps of this call. Where a call stops, and at the
+    run's last step, the state goes to checkpoints/last.ckpt at once (a mid-epoch checkpoint, as the
+    periodic ones), so the next call, the same command with ckpt_path=last, continues with the same data
+    order, dropout masks, optimizer and schedule as an unsplit run.
+    """
+
+    FIELDS = ("call", "start_step", "end_step", "steps", "wall_s", "started_utc", "ended_utc", "status",
+              "resumed_from", "device")
+
+    def __init__(self, path: str, budget_s: float | None = None, max_steps: int | None = None,
+                 resumed_from: str | None = None):
+        self.path, self.budget_s, self.max_steps = Path(path), budget_s, max_steps
+        self.resumed_from = resumed_from
+        self.stopped_by: str | None = None
+        self._built = time.perf_counter()
+
+    # ---- the rows ---------------------------------------------------------------------------------
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def _write(self, rows: list[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.FIELDS)
+            w.writeheader()
+            w.writerows(rows)
+        os.replace(tmp, self.path)
+
+    @staticmethod
+    def _now() -> str:
+        return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+    def _finish(self, trainer, status: str) -> None:
+        if not trainer.is_global_zero or not hasattr(self, "_row"):
+            return
+        row = dict(self._row, end_step=trainer.global_step, steps=trainer.global_step - self._row["start_step"],
+                   wall_s=f"{time.perf_counter() - self._t0:.1f}", ended_utc=self._now(), status=status)
+        rows = self.read()
+        rows[-1] = row  # this call's row, written at its start
+        self._write(rows)
+        print(f"call {row['call']}: steps {row['start_step']} -> {row['end_step']} in {row['wall_s']} s, {status} "
+              f"({self.path})", flush=True)
+
+    # ---- hooks ------------------------------------------------------------------------------------
+    def on_train_start(self, trainer, pl_module):
+        self._t0 = time.perf_counter()
+        self._start = self._last_step = trainer.global_step
+        if not trainer.is_global_zero:
+            return
+        rows = self.read()
+        for row in rows:  # an earlier call killed from outside never completed its row
+            if row["status"] == "running":
+                row["status"] = "killed (no end recorded)"
+        device = torch.cuda.get_device_name(pl_module.device) if pl_module.device.type == "cuda" else "cpu"
+        self._row = {"call": len(rows) + 1, "start_step": trainer.global_step, "end_step": "", "steps": "",
+                     "wall_s": "", "started_utc": self._now(), "ended_utc": "", "status": "running",
+                     "resumed_from": self.resumed_from or "", "device": f"{device} x {trainer.world_size}"}
+        self._write(rows + [self._row])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step == self._last_step:  # inside a gradient accumulation: not a step boundary
+            return
+        self._last_step = step
+        reason = None
+        if self.max_steps is not None and step - self._start >= self.max_steps:
+            reason = "max_steps"
+        elif self.budget_s is not None and time.perf_counter() - self._built >= self.budget_s:
+            reason = "budget_s"
+        # every rank stops at the same step (the budget is measured on each)
+        stop = trainer.strategy.reduce_boolean_decision(reason is not None, all=False)
+        if stop:
+            trainer.should_stop = True
+            self.stopped_by = reason or "budget_s"
+        if stop or 0 <= trainer.max_steps <= step:
+            self._save_last(trainer)
+
+    def _save_last(self, trainer) -> None:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        ckpt = trainer.checkpoint_callback
+        if isinstance(ckpt, ModelCheckpoint) and ckpt.dirpath and ckpt.save_last:
+            trainer.save_checkpoint(os.path.join(ckpt.dirpath, ckpt.CHECKPOINT_NAME_LAST + ckpt.FILE_EXTENSION))
+
+    def on_train_end(self, trainer, pl_module):
+        if 0 <= trainer.max_steps <= trainer.global_step:
+            status = "finished"
+        else:
+            status = f"stopped: {self.stopped_by}" if self.stopped_by else "ended before max_steps"
+        self._finish(trainer, status)
+
+    def on_exception(self, trainer, pl_module, exception):
+        stopped = isinstance(exception, KeyboardInterrupt)  # SIGINT: Lightning's graceful shutdown
+        self._finish(trainer, "interrupted" if stopped else f"failed: {type(exception).__name__}")

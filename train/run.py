@@ -6,11 +6,23 @@
     python train/run.py experiment=synthetic/mlm attn=flash            # masked LM on synthetic padded batches
     python train/run.py debug=smoke hydra.run.dir=outputs/smoke          # 20 tiny steps on a CPU (any experiment)
     python train/run.py ... ckpt_path=outputs/<run>/checkpoints/last.ckpt   # resume the same curve
+    python train/run.py ... hydra.run.dir=runs/a ckpt_path=last callbacks.calls.budget_s=500   # one call of a chain
+    python train/run.py experiment=lra/pathx init_from=runs/path64/checkpoints/last.ckpt   # curriculum
     python train/run.py trainer=ddp trainer.devices=2 ...              # data-parallel on 2 GPUs
 
 Config groups (configs/): task, model, attn, data, trainer, optimizer, scheduler, logger, callbacks,
-experiment, debug. Everything a run writes (metrics.csv, checkpoints, wandb, .hydra) lands under
-hydra.run.dir.
+experiment, debug. Everything a run writes (metrics.csv, checkpoints, calls.csv, wandb, .hydra) lands
+under hydra.run.dir.
+
+Chained runs: `ckpt_path=last` resumes from <run dir>/checkpoints/last.ckpt when there is one and starts
+fresh when not, so every call of a run split over several invocations is the same command; the
+callbacks.calls limits (budget_s, max_steps) end a call with a checkpoint, and calls.csv records which
+steps each call covered. A resumed run keeps the earlier metrics.csv as metrics.partK.csv (Lightning's
+CSV logger would delete it).
+
+Curriculum: `init_from=PATH` starts from the weights of a checkpoint trained on smaller images, its
+learned position table interpolated on the 2D pixel grid (models.layers.load_resizing_positions);
+optimizer, schedule and step start fresh. Ignored when resuming (the checkpoint has the weights).
 """
 from __future__ import annotations
 
@@ -67,12 +79,20 @@ def build(cfg: DictConfig):
 
     attention_factory = instantiate(cfg.attn)
     model = instantiate(cfg.model, attention_factory=attention_factory)
+    resume = resume_path(cfg)
+    if cfg.get("init_from") and resume is None:
+        init_from_checkpoint(model, cfg.init_from)
     task = instantiate(cfg.task, model=model, optimizer=instantiate(cfg.optimizer),
                        scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
                        compile=cfg.compile, seed=cfg.seed)
     datamodule = instantiate(cfg.data, num_samples=cfg.trainer.max_steps * accum * micro * world)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    from train.callbacks import CallLog
+
+    for c in callbacks:
+        if isinstance(c, CallLog):
+            c.resumed_from = resume
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     if trainer_cfg.get("precision") == "auto":  # bf16-mixed on a GPU, float32 on a CPU
@@ -86,6 +106,55 @@ def build(cfg: DictConfig):
     return datamodule, task, trainer
 
 
+def resume_path(cfg: DictConfig) -> str | None:
+    """The checkpoint a run resumes from: ckpt_path, where `last` means <output_dir>/checkpoints/last.ckpt
+    if it exists and a fresh start if not (the first call of a chained run)."""
+    path = cfg.get("ckpt_path")
+    if path == "last":
+        last = Path(cfg.output_dir) / "checkpoints" / "last.ckpt"
+        return str(last) if last.exists() else None
+    if path and not Path(path).exists():
+        raise FileNotFoundError(f"ckpt_path {path} does not exist")
+    return path or None
+
+
+def init_from_checkpoint(model, path) -> dict:
+    """Load the model weights of a train/run.py checkpoint (or a plain state dict file) into `model`,
+    resizing learned position tables on the 2D pixel grid. Returns {name: (old rows, new rows)}."""
+    import torch
+
+    from models.layers import load_resizing_positions
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"init_from: no checkpoint at {path}; train the smaller resolution first "
+                                "(the experiment config's header has the command)")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    state = ckpt.get("state_dict", ckpt)
+    if "state_dict" in ckpt:  # a Lightning checkpoint of a Task: the model's tensors are under `model.`
+        state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    try:
+        resized = load_resizing_positions(model, state)
+    except ValueError as e:
+        raise ValueError(f"init_from {path}: {e}") from None
+    sizes = ", ".join(f"{k} {a} -> {b} rows" for k, (a, b) in resized.items()) or "no position table resized"
+    print(f"init_from {path}: loaded {len(state)} tensors; {sizes}", flush=True)
+    return resized
+
+
+def keep_earlier_metrics(run_dir) -> Path | None:
+    """A resumed run writing into its earlier folder: Lightning's CSVLogger would delete the metrics.csv
+    there, so keep it as metrics.partK.csv (K = 1, 2, ... in call order)."""
+    m = Path(run_dir) / "metrics.csv"
+    if not m.exists():
+        return None
+    k = 1
+    while (m.parent / f"metrics.part{k}.csv").exists():
+        k += 1
+    os.replace(m, m.parent / f"metrics.part{k}.csv")
+    return m.parent / f"metrics.part{k}.csv"
+
+
 def has_test_split(datamodule, task) -> bool:
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -93,9 +162,13 @@ def has_test_split(datamodule, task) -> bool:
 
 
 def train(cfg: DictConfig):
+    resume = resume_path(cfg)
+    if resume is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # DDP: ranks > 0 start later
+        keep_earlier_metrics(cfg.output_dir)
     datamodule, task, trainer = build(cfg)
-    trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-    if cfg.get("test_after_fit") and has_test_split(datamodule, task):
+    trainer.fit(task, datamodule=datamodule, ckpt_path=resume)
+    finished = trainer.global_step >= cfg.trainer.max_steps  # not a call stopped by callbacks.calls limits
+    if cfg.get("test_after_fit") and finished and has_test_split(datamodule, task):
         trainer.test(task, datamodule=datamodule)  # the weights training ended with
     return trainer, task
 
