@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from _common import markdown_header, pyplot, rel, repo_path, repo_root, run_metadata
-from reproduce_lra import Runner, keep_old_metrics, read_metrics, resume_checkpoint, show
+from reproduce_lra import Runner, read_metrics, resume_checkpoint, show
 
 REPO = repo_root()
 LEVELS = (0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.72)
@@ -160,9 +160,7 @@ def main(argv=None):
     for kind in kinds:
         folder = run_dir(runs, kind, args.seed)
         if not args.collect and not finished(folder):
-            ckpt = resume_checkpoint(folder)
-            if ckpt:
-                keep_old_metrics(folder)
+            ckpt = resume_checkpoint(folder)  # resumed: train/run.py keeps the earlier metrics.csv as metrics.partK.csv
             status = runner.run(command(args.experiment, kind, args.seed, folder, args.overrides, ckpt),
                                 folder / "stdout.log")
             print(f"{kind}: {status}", flush=True)
