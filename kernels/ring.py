@@ -16,12 +16,13 @@ Algorithm
   global LSE and delta = rowsum(dO * O) of the final output: the probabilities are then the global
   ones and the shares add up), and a last step hands each accumulator back to its owner. dQ stays local.
 - Causal, contiguous split: the block from a later rank is skipped, the diagonal block is causal, earlier
-  blocks are full. That is unbalanced: rank W-1 computes W blocks' worth, rank 0 one (half blocks on the
-  diagonal), and since every step waits for its neighbour, the ring runs at the pace of the last rank.
-  `zigzag=True` fixes it (the split of Zhu's ring-flash-attention / Llama 3's context parallelism): the
-  sequence is cut into 2W chunks and rank r holds chunks r and 2W-1-r (`shard_sequence(..., zigzag=True)`);
-  then every step except the diagonal one is exactly half a block on every rank (queries against the
-  sender's first half, or the second half of the queries against all of the sender's keys).
+  blocks are full. That is unbalanced: rank r computes r full blocks plus half a block, so rank 0 idles
+  while rank W-1 works W - 1/2 blocks, and since every step waits for its neighbour, the ring runs at the
+  pace of the last rank (causal ring time ~ non-causal ring time, not half of it). `zigzag=True` fixes it
+  (the zigzag split of zhuzilin/ring-flash-attention; Llama 3 balances its context parallelism the same
+  way): the sequence is cut into 2W chunks and rank r holds chunks r and 2W-1-r
+  (`shard_sequence(..., zigzag=True)`); then every step is half a block on every rank: the causal
+  diagonal, all our queries against the sender's first chunk, or our second chunk against all its keys.
 
 Supports what the flash kernel supports (fp16/bf16, fp32 for tests, GQA/MQA, head dims 8..256), any
 process group (NCCL for CUDA tensors, gloo for CPU tensors, e.g. under TRITON_INTERPRET=1), and a plain
