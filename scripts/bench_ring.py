@@ -4,8 +4,8 @@
     torchrun --standalone --nproc-per-node 2 scripts/bench_ring.py --device cpu --seqlen 256 --out /tmp/ring_check
 
 One sequence of `--seqlen` tokens (default 64K), batch 1, heads x head dim 16 x 64, bf16, split over the
-ranks (kernels/ring.py; NCCL, one GPU per rank). Rows, for each mask (non-causal, causal): `ring` (contiguous split), `ring-zigzag`
-(causal only: the balanced split), and `flash-1gpu` (kernels.flash.flash_attn_func on the whole sequence
+ranks (kernels/ring.py; NCCL, one GPU per rank). Rows, for each mask (non-causal, causal): `ring`
+(contiguous split), `ring-zigzag` (causal only: the balanced split), and `flash-1gpu` (kernels.flash.flash_attn_func on the whole sequence
 on rank 0 alone while the others wait; "OOM" when it does not fit). Per row: forward (under no_grad) and
 forward+backward (autograd.grad of q, k, v) times, the median of `--rounds` rounds of `--iters` calls after
 `--warmup` calls; a ring time is the slowest rank's. Fixed call counts on purpose: triton's do_bench picks
