@@ -5,15 +5,16 @@
 
 One sequence of `--seqlen` tokens (default 64K), batch 1, heads x head dim 16 x 64, bf16, split over the
 ranks (kernels/ring.py; NCCL, one GPU per rank). Rows, for each mask (non-causal, causal): `ring`
-(contiguous split), `ring-zigzag` (causal only: the balanced split), and `flash-1gpu` (kernels.flash.flash_attn_func on the whole sequence
-on rank 0 alone while the others wait; "OOM" when it does not fit). Per row: forward (under no_grad) and
-forward+backward (autograd.grad of q, k, v) times, the median of `--rounds` rounds of `--iters` calls after
-`--warmup` calls; a ring time is the slowest rank's. Fixed call counts on purpose: triton's do_bench picks
-its count from its own timing, which differs per rank, and a rank that calls the ring once more than the
-others waits forever. TFLOP/s count the whole attention (4 b h n^2 d, halved when causal; x3.5 for
-forward+backward) over all GPUs. Peak memory per GPU: torch.cuda.max_memory_allocated during one
-forward+backward, inputs included, the largest over the ranks. The ring's outputs and gradients are
-gathered on rank 0 and compared with the one-GPU run (max abs difference, bf16).
+(contiguous split), `ring-zigzag` (causal only: the balanced split), and `flash-1gpu`
+(kernels.flash.flash_attn_func on the whole sequence on rank 0 alone while the others wait; "OOM" when it
+does not fit). Per row: forward (under no_grad) and forward+backward (autograd.grad of q, k, v) times, the
+median of `--rounds` rounds of `--iters` calls after `--warmup` calls; a ring time is the slowest rank's.
+Fixed call counts on purpose: triton's do_bench picks its count from its own timing, which differs per rank,
+and a rank that calls the ring once more than the others waits forever. TFLOP/s count the whole attention (4
+b h n^2 d, halved when causal; x3.5 for forward+backward) over all GPUs. Peak memory per GPU:
+torch.cuda.max_memory_allocated during one forward+backward, inputs included, the largest over the ranks.
+The ring's outputs and gradients are gathered on rank 0 and compared with the one-GPU run (max abs
+difference, bf16).
 
 --device cpu runs the same code on gloo with the Triton kernels under TRITON_INTERPRET=1 (set here), as a
 quick check of the script (about a minute at 256 tokens on two cores); its times mean nothing and it records
