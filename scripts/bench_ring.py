@@ -17,7 +17,7 @@ The ring's outputs and gradients are gathered on rank 0 and compared with the on
 difference, bf16).
 
 --device cpu runs the same code on gloo with the Triton kernels under TRITON_INTERPRET=1 (set here), as a
-quick check of the script (about a minute at 256 tokens on two cores); its times mean nothing and it records
+quick check of the script (under two minutes at 256 tokens on two cores); its times mean nothing and it records
 no memory. Its defaults: fp32 (the interpreter has no bf16), 2 heads, one round of one call, no warmup.
 """
 from __future__ import annotations
