@@ -2,6 +2,7 @@
 
 - `flash_attn_func`, `flash_attn_varlen_func`: the fused Triton FlashAttention kernel (kernels/flash.py).
 - `blocksparse_attn_func`, `blocksparse_attn_varlen_func` and the sparsity patterns: block-sparse FlashAttention (kernels/blocksparse.py).
+- `ring_attn_func`: ring attention, one sequence split over the ranks of a process group (kernels/ring.py).
 - `standard_attention`: the plain-PyTorch baseline and test reference (kernels/standard.py).
 - `kernels.attention`: the nn.Module wrappers that `configs/attn/*.yaml` name; `kernels.padding`: PackedBatch.
 
@@ -14,6 +15,7 @@ _LAZY = {
     "flash_attn_varlen_func": "kernels.flash",
     "blocksparse_attn_func": "kernels.blocksparse",
     "blocksparse_attn_varlen_func": "kernels.blocksparse",
+    "ring_attn_func": "kernels.ring",
 }
 
 

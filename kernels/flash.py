@@ -765,10 +765,11 @@ def lse_strides(lse, varlen: bool) -> tuple[int, int]:
     return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
 
 
-def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k):
+def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k, out_dtype=None):
+    # out_dtype: the kernel stores O in whatever dtype O has (float32 for kernels/ring.py's partial outputs).
     nheads, headdim = q.shape[-2], q.shape[-1]
     group = nheads // k.shape[-2]
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
     lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
     slb, slh = lse_strides(lse, varlen)
@@ -785,17 +786,21 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
     return o, lse, seed
 
 
-def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k):
+def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k,
+               delta=None, grad_dtype=None):
+    # delta: rowsum(dO * O) computed by the caller (then o is unused; it must share lse's strides);
+    # grad_dtype: the kernels store dQ/dK/dV in the dtype of their buffers. Both for kernels/ring.py.
     nheads, headdim = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
     do = _lastdim_contig(do)
     batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
     slb, slh = lse_strides(lse, varlen)
-    delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if delta is None:
+        delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
+    dq = torch.empty(q.shape, dtype=grad_dtype or q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=grad_dtype or k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=grad_dtype or v.dtype, device=v.device)
     thresh, drop_scale = _drop_consts(dropout_p)
     cu_q_arg = cu_q if varlen else lse
     cu_k_arg = cu_k if varlen else lse
@@ -936,6 +941,34 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(scale),
                           bool(causal), float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------------
+# One block of a larger attention, for kernels/ring.py: no autograd (the ring has its own Function), the
+# output and gradients stored in float32 so that partial results add up without a rounding per block,
+# and the backward driven by the global (merged) LSE and delta rather than the block's own.
+# ---------------------------------------------------------------------------------------------------
+
+
+def flash_block_fwd(q, k, v, softmax_scale: float, causal: bool):
+    """(out float32, natural-log LSE float32 (batch, nheads, seqlen_q)) of q against this key block alone.
+
+    Inputs as for flash_attn_func (already checked by the caller; any strides with a contiguous head dim)."""
+    o, lse, _ = _flash_fwd(q, k, v, softmax_scale, causal, 0.0, False, None, None, q.shape[1], k.shape[1],
+                           out_dtype=torch.float32)
+    return o, _public_lse(lse)
+
+
+def flash_block_bwd(do, q, k, v, lse, delta, softmax_scale: float, causal: bool):
+    """float32 (dq, dk, dv): this key block's share of the gradients of an attention whose softmax ran over
+    more keys than these. lse: the natural-log LSE over all keys, delta = rowsum(dO * O) with the final O,
+    both (batch, nheads, seqlen_q) float32. The probabilities exp(s - lse) are then the global ones, so the
+    shares of all blocks sum to the full gradients (dq here is this block's term only)."""
+    lse2 = (lse * LOG2E).contiguous()
+    delta = delta.contiguous()  # the kernels index LSE and delta with one stride set
+    dq, dk, dv = _flash_bwd(_lastdim_contig(do), q, k, v, None, lse2, lse2, softmax_scale, causal, 0.0, False, None,
+                            None, q.shape[1], k.shape[1], delta=delta, grad_dtype=torch.float32)
+    return dq, dk, dv
 
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "dropout_keep_mask", "draw_dropout_seed", "check_inputs",
