@@ -57,7 +57,9 @@ from kernels.flash import (
     LOG2E,
     _block_d,
     _interpreting,
+    _PER_BATCH_INTS,
     _strides,
+    _varlen_max,
     bwd_dkdv_block_step,
     bwd_dq_block_step,
     bwd_preprocess,
@@ -230,7 +232,7 @@ def _dq_stage(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, idx_p
     return dq, nxt
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_BATCH_INTS)  # the LSE strides: see kernels/flash.py
 def _bs_fwd_kernel(Q, K, V, O, LSE, SEED, ROW_FULL, ROW_PART, ROW_IDX, CU_Q, CU_K,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
@@ -399,7 +401,7 @@ def _bs_dq_program(pid_m, b, h, q_start, k_start, Q, K, V, DO, DQ, LSE, DELTA, s
              + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_BATCH_INTS)
 def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
                    COL_FULL, COL_PART, COL_IDX, ROW_FULL, ROW_PART, ROW_IDX, CU_Q, CU_K,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -553,6 +555,8 @@ def _bs_forward(q, k, v, tables, block_size, causal, sm_scale, dropout_p, cu_q=N
     varlen = cu_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
     batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
+    if varlen:  # the maxima only size the grid: keep their divisibility by 16 fixed (see kernels/flash.py)
+        max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
     slb, slh = lse_strides(lse, varlen)
     bm, bn, warps, stages = _tiles("fwd", block_size, d)
@@ -579,6 +583,8 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
     batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
+    if varlen:
+        max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     slb, slh = lse_strides(lse, varlen)
     if do.stride(-1) != 1:
         do = do.contiguous()

@@ -337,8 +337,15 @@ def _key_stages(start_m, seqlen_k, diag, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.co
 # Kernels
 # ---------------------------------------------------------------------------------------------------
 
+# Triton compiles one variant per divisibility-by-16 class of each integer argument. For packed
+# (varlen) batches the LSE and delta strides are the batch's token count, which changes every batch,
+# so specialising on them compiled a second variant of every kernel in the middle of training (seconds
+# each). They only address LSE / delta rows, where the alignment hint buys nothing measurable. The
+# varlen maxima are rounded up to a multiple of 16 by the launchers instead (see `_varlen_max`).
+_PER_BATCH_INTS = ["stride_lb", "stride_lh"]
 
-@triton.jit
+
+@triton.jit(do_not_specialize=_PER_BATCH_INTS)
 def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, group,
                 qk_scale, drop_thresh, drop_scale,
                 stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -389,7 +396,7 @@ def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seq
         tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_db", "stride_dh"])
 def _bwd_preprocess_kernel(O, DO, DELTA, cu_seqlens_q, seqlen_q, nheads,
                            stride_ob, stride_om, stride_oh, stride_dob, stride_dom, stride_doh,
                            stride_db, stride_dh,
@@ -413,7 +420,7 @@ def _bwd_preprocess_kernel(O, DO, DELTA, cu_seqlens_q, seqlen_q, nheads,
     tl.store(DELTA + b64 * stride_db + h * stride_dh + q_start + rows, delta, mask=rows < seqlen_q)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_BATCH_INTS)
 def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                      nheads, group, sm_scale, qk_scale, drop_thresh, drop_scale,
                      stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -477,7 +484,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, cu_seqlens_q, cu_seq
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_BATCH_INTS)
 def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                    nheads, group, sm_scale, qk_scale, drop_thresh, drop_scale,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
@@ -594,8 +601,15 @@ def fallback_configs(block_d: int) -> dict:
     return _DEFAULT_WIDE if block_d > 128 else _DEFAULT_128 if block_d > 64 else _DEFAULT
 
 
-def _launch(kind, raw, tuned, grid_of, args, consts):
-    """Autotuned launch on the GPU; a fixed config with FLASH_AUTOTUNE=0; a small one under the interpreter."""
+# (kind, sequence buckets, constexprs, dtypes) -> the tuned Config's launch kwargs. Triton's Autotuner.run
+# rebuilds dicts of all ~45 arguments and their dtypes on every call to find its cached choice; once a
+# key is tuned, the launch goes straight to the kernel with the kept config.
+_TUNED_CONFIGS: dict = {}
+
+
+def _launch(kind, raw, tuned, grid_of, args, consts, dtypes=()):
+    """Autotuned launch on the GPU; a fixed config with FLASH_AUTOTUNE=0; a small one under the interpreter.
+    args end with the two tuning buckets; dtypes: those of the tensors whose dtype can vary independently."""
     if _interpreting():
         raw[grid_of(_INTERP_BLOCK)](*args, **consts, **_INTERP_BLOCK)
     elif os.environ.get("FLASH_AUTOTUNE", "1") == "0":
@@ -603,7 +617,20 @@ def _launch(kind, raw, tuned, grid_of, args, consts):
         blocks = {"BLOCK_M": m, "BLOCK_N": n}
         raw[grid_of(blocks)](*args, **consts, **blocks, num_warps=w, num_stages=s)
     else:
-        tuned[lambda meta: grid_of(meta)](*args, **consts)
+        key = (kind, args[-2], args[-1], *consts.values(), *dtypes)
+        config = _TUNED_CONFIGS.get(key)
+        if config is None:
+            tuned[lambda meta: grid_of(meta)](*args, **consts)
+            _TUNED_CONFIGS[key] = config = tuned.best_config.all_kwargs()
+            return
+        raw[grid_of(config)](*args, **consts, **config)
+
+
+def _varlen_max(n: int) -> int:
+    """A varlen batch's longest sequence, rounded up to a multiple of 16, as the kernels get it: it only
+    sizes the grid (each program reads its own sequence's bounds), and a value whose divisibility by 16
+    changed from batch to batch made Triton compile another variant of each kernel mid-training."""
+    return -(-n // 16) * 16
 
 
 def _bucket(n: int) -> int:
@@ -771,6 +798,8 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
     group = nheads // k.shape[-2]
     o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
+    if varlen:
+        max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
     slb, slh = lse_strides(lse, varlen)
     seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
@@ -782,7 +811,8 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
             slb, slh, _bucket(max_q), _bucket(max_k))
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0, REVERSE=causal)
-    _launch("fwd", _fwd_kernel, _fwd_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts)
+    _launch("fwd", _fwd_kernel, _fwd_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts,
+            (q.dtype, o.dtype))
     return o, lse, seed
 
 
@@ -795,6 +825,8 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     group = nheads // nheads_k
     do = _lastdim_contig(do)
     batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
+    if varlen:
+        max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     slb, slh = lse_strides(lse, varlen)
     if delta is None:
         delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
@@ -812,9 +844,10 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     dq_consts = dict(consts, REVERSE=causal)
     _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
             (q, k, v, do, dk, dv, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
-             *tune), consts)
+             *tune), consts, (q.dtype, do.dtype, dk.dtype))
     _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
-            (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune), dq_consts)
+            (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune), dq_consts,
+            (q.dtype, do.dtype, dq.dtype))
     return dq, dk, dv
 
 

@@ -348,3 +348,20 @@ def test_gpu_full_layout_equals_flash():
         a = blocksparse_attn_func(q, k, v, S.full(2048, 2048, 128, device="cuda"), causal=causal)
         b = flash_attn_func(q, k, v, causal=causal)
         assert (a.float() - b.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_new_varlen_batches_compile_nothing():
+    # As tests/test_flash.py's: a new token count or longest sequence compiles no new kernel variant.
+    import kernels.blocksparse as B
+    from kernels.blocksparse import blocksparse_attn_varlen_func
+
+    layout = S.random(512, 512, 64, 0.5, seed=3)
+    counts = []
+    for lengths in ([512, 300, 77], [512, 288, 80], [505, 64, 3, 1]):  # totals 889, 880 (= 55 x 16), 573
+        q, k, v, cu = varlen_case(lengths, 4, 4, 64, torch.bfloat16, "cuda")
+        out = blocksparse_attn_varlen_func(q, k, v, layout, cu, cu, max(lengths), max(lengths))
+        out.sum().backward()
+        torch.cuda.synchronize()
+        counts.append(sum(len(c[0]) for kern in (B._bs_fwd_kernel, B._bs_bwd_kernel) for c in kern.device_caches.values()))
+    assert counts[1:] == counts[:1] * 2, f"compiled variants after each batch: {counts}"

@@ -332,3 +332,26 @@ def test_gpu_varlen_bf16():
     for i in range(len(lengths)):
         s = slice(int(cu[i]), int(cu[i + 1]))
         assert torch.equal(out[s], flash_attn_func(q[s][None], k[s][None], v[s][None], causal=True)[0])
+
+
+def compiled_variants(*kernels) -> int:
+    """How many binaries Triton holds for these @triton.jit kernels, over all devices."""
+    return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_gpu_new_varlen_batches_compile_nothing(dropout_p):
+    # Each packed batch has its own token count (the LSE stride) and longest sequence: neither may make
+    # Triton compile another variant once the first batch of the bucket has run (it cost seconds a batch).
+    import kernels.flash as fl
+
+    kernels_ = (fl._fwd_kernel, fl._bwd_preprocess_kernel, fl._bwd_dkdv_kernel, fl._bwd_dq_kernel)
+    counts = []
+    for lengths in ([512, 300, 77], [512, 288, 80], [500, 301, 77], [497, 512, 15]):  # totals 889, 880, 878, 1024
+        q, k, v, cu = _packed(lengths, 4, 4, 64, "cuda", torch.bfloat16)
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), dropout_p=dropout_p)
+        out.sum().backward()
+        torch.cuda.synchronize()
+        counts.append(compiled_variants(*kernels_))
+    assert counts[1:] == counts[:1] * 3, f"compiled variants after each batch: {counts}"
