@@ -23,6 +23,31 @@ Two kinds of run, each its own `python train/run.py experiment=lra/TASK attn=KIN
 still going at the deadline is interrupted (its last checkpoint stays); the table is written either way
 and lists what is missing with the command that completes it.
 
+Speed runs from a small carried folder (SPEED_PREPARE: ~23 MiB for the five tasks, instead of the full
+data), split over two device calls that make one table:
+
+    python scripts/reproduce_lra.py --prepare-speed-data data/cache/lra-speed       # once, on any machine
+    python scripts/reproduce_lra.py --skip-accuracy --speed-data data/cache/lra-speed \\
+        --tasks listops text retrieval --kinds standard flash blocksparse --speed-steps 60 \\
+        --accumulate listops/standard=2 --accumulate text/standard=2 --accumulate retrieval/standard=4 \\
+        --budget 480 --speed-timeout 150 --min-run 45 --runs outputs/lra-speed --out results/lra
+    python scripts/reproduce_lra.py --skip-accuracy --speed-data data/cache/lra-speed --keep-speed \\
+        --tasks image pathfinder --kinds standard flash blocksparse --speed-steps 100 \\
+        --budget 480 --speed-timeout 150 --min-run 45 --runs outputs/lra-speed --out results/lra
+
+attn=standard keeps ~7 bytes per score for the backward (the float32 softmax, the dropout mask, a bf16
+copy for the second matmul) and needs about as much again while a layer runs: ListOps 32 x 8 heads x
+2K^2 x 6 layers ~ 45 GiB kept, Text 32 x 4 x 4K^2 x 4 ~ 60 GiB, Retrieval (two documents) ~ 120 GiB;
+hence the accumulation above on an 80 GiB GPU. These are estimates: a run that still runs out of
+memory is listed as failed, and `--keep-speed --tasks T --accumulate T/standard=2N` redoes task T.
+
+--speed-data DIR: speed runs read task T from DIR/T (data.data_dir=...); accuracy runs are unaffected.
+--keep-speed: only the speed runs of --tasks are rerun; other tasks' runs under RUNS/speed stay, each
+with the session (GPU, command) that measured it, and the table covers them too. --accumulate
+TASK/KIND=N: that speed run takes its usual batch as N micro-batches with gradient accumulation
+(data.batch_size=B/N global_batch_size=B), so that attn=standard fits in memory; step time and tokens/s
+cover the whole optimizer step, so the row compares with the others (the table notes it).
+
 Data: each task reads the folder its data config names (configs/data/lra-*.yaml); --prepare runs the
 prepare commands (cached, idempotent) first. Text, Retrieval and Image default to stand-ins for the
 original data (train/lra/__init__.py STAND_INS); the table says which ran.
@@ -74,6 +99,18 @@ PREPARE = {
     "pathfinder": "python scripts/prepare_lra.py pathfinder --resolution 32 --difficulty hard --num 200000 "
                   "--out data/cache/lra/pathfinder32-hard",
 }
+# The small folders the speed runs read with --speed-data DIR (DIR/TASK), built by --prepare-speed-data DIR.
+# Speed runs read no val/test split (they must exist all the same) and cycle the train split (the
+# datamodule reshuffles it every pass): 200 steps x 32 ListOps sequences are ~6 passes over 1,000. The
+# sizes keep DIR ~23 MiB, small enough to carry to a GPU machine: a ListOps row is ~6.5 KB of text, a
+# Retrieval pair up to 8 KB, an image 1 KB. Same sources and seeds as PREPARE, so the same length mix.
+SPEED_PREPARE = {
+    "listops": "python scripts/prepare_lra.py listops --num-train 1000 --num-val 50 --num-test 50 --out {out}",
+    "text": "python scripts/prepare_lra.py text --num-train 2000 --num-val 100 --num-test 100 --out {out}",
+    "retrieval": "python scripts/prepare_lra.py retrieval --num-train 1000 --num-val 100 --num-test 100 --out {out}",
+    "image": "python scripts/prepare_lra.py image --num-train 2000 --num-val 200 --num-test 200 --out {out}",
+    "pathfinder": "python scripts/prepare_lra.py pathfinder --resolution 32 --difficulty hard --num 3000 --out {out}",
+}
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -100,11 +137,64 @@ def train_command(task: str, kind: str, run_dir: Path, overrides=(), python: str
             "trainer.enable_progress_bar=false", *overrides]
 
 
-def speed_command(task, kind, runs, steps, seed, extra=(), python="python") -> list[str]:
+def speed_command(task, kind, runs, steps, seed, extra=(), python="python", data_dir: str | None = None,
+                  batch: tuple[int, int] | None = None) -> list[str]:
+    """data_dir: the task's data folder (--speed-data); batch: (micro-batch, sequences per optimizer step)
+    for a run that accumulates gradients (--accumulate). Both come after `extra`, so they win."""
     # No validation, test or checkpoints: only the training loop is timed.
-    return train_command(task, kind, speed_dir(runs, task, kind),
-                         [f"seed={seed}", f"trainer.max_steps={steps}", "trainer.limit_val_batches=0",
-                          "test_after_fit=false", "callbacks.checkpoint=null", "logger=csv", *extra], python)
+    ov = [f"seed={seed}", f"trainer.max_steps={steps}", "trainer.limit_val_batches=0", "test_after_fit=false",
+          "callbacks.checkpoint=null", "logger=csv", *extra]
+    if data_dir is not None:
+        ov.append(f"data.data_dir={data_dir}")
+    if batch is not None:
+        ov += [f"data.batch_size={batch[0]}", f"global_batch_size={batch[1]}"]
+    return train_command(task, kind, speed_dir(runs, task, kind), ov, python)
+
+
+def speed_data_dir(root: Path, task: str) -> str:
+    """The data_dir override of a speed run reading root/TASK: `${repo:}/...` inside the checkout (like
+    configs/data/lra-*.yaml: the command works from any clone), else the absolute path."""
+    d = root / task
+    r = rel(d)
+    return "${repo:}/" + r if not Path(r).is_absolute() else str(d)
+
+
+def parse_accumulate(specs) -> dict:
+    """["text/standard=2", ...] -> {("text", "standard"): 2}; ValueError with the reason otherwise."""
+    out = {}
+    for spec in specs or ():
+        key, eq, n = spec.partition("=")
+        task, slash, kind = key.partition("/")
+        if not (eq and slash):
+            raise ValueError(f"--accumulate {spec!r}: expected TASK/KIND=N, e.g. retrieval/standard=2")
+        if task not in TASKS or kind not in KINDS:
+            raise ValueError(f"--accumulate {spec!r}: task must be one of {', '.join(TASKS)} and kind one of "
+                             f"{', '.join(KINDS)}")
+        try:
+            steps = int(n)
+        except ValueError:
+            steps = 0
+        if steps <= 0:
+            raise ValueError(f"--accumulate {spec!r}: N must be a positive integer (micro-batches per step)")
+        out[(task, kind)] = steps
+    return out
+
+
+def accumulated_batch(task: str, kind: str, n: int, extra=()) -> tuple[int, int]:
+    """(micro-batch, sequences per step) for n accumulation steps: the run's own batch (the composed
+    config, so the experiment, debug modes and overrides count) split into n micro-batches."""
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment=lra/{task}", f"attn={kind}", *extra])
+    total = int(cfg.get("global_batch_size") or cfg.data.batch_size)
+    if total % n:
+        raise ValueError(f"--accumulate {task}/{kind}={n}: the batch of {total} sequences does not split into "
+                         f"{n} equal micro-batches")
+    return total // n, total
 
 
 def accuracy_command(task, kind, runs, seed, max_steps=None, ckpt_every=500, extra=(), ckpt=None,
@@ -183,7 +273,10 @@ def read_run(run_dir: Path) -> dict | None:
         return None
     rows = read_metrics(run_dir / "metrics.csv")
     source = OmegaConf.select(cfg, "data.source")
+    micro, total = OmegaConf.select(cfg, "data.batch_size"), OmegaConf.select(cfg, "global_batch_size")
+    accum = total // micro if isinstance(total, int) and isinstance(micro, int) and micro and total > micro else 1
     return {"dir": run_dir, "task": task, "kind": kind, "seed": OmegaConf.select(cfg, "seed"),
+            "accumulate": accum, "micro_batch": micro if isinstance(micro, int) else None,
             "max_steps": OmegaConf.select(cfg, "trainer.max_steps"), "source": source,
             "steps_done": int(max((r.get("step", 0) for r in rows), default=0)), "rows": rows,
             "test_acc": last_value(rows, "test/acc"), "val_acc": last_value(rows, "val/acc"),
@@ -219,7 +312,11 @@ def collect(runs: Path) -> dict:
         if old is None or (r["finished"], r["max_steps"] or 0) > (old["finished"], old["max_steps"] or 0):
             seeds[r["seed"]] = r
     session = runs / "speed" / "session.json"
-    return {"accuracy": acc, "speed": speed,
+    # --keep-speed: each task's speed runs may come from another invocation, whose session sits beside them
+    sessions = {p.parent.name: json.loads(p.read_text()) for p in sorted(runs.glob("speed/*/session.json"))}
+    status = {(p.parent.parent.name, p.parent.name): p.read_text().strip()
+              for p in sorted(runs.glob("speed/*/*/status"))}
+    return {"accuracy": acc, "speed": speed, "speed_status": status, "speed_sessions": sessions,
             "speed_session": json.loads(session.read_text()) if session.exists() else None}
 
 
@@ -243,7 +340,9 @@ def geomean(xs):
 def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
     """Accuracy (mean over finished seeds, in %) and speed per task x kind; speedups over standard."""
     out: dict = {"tasks": list(tasks), "kinds": list(kinds), "accuracy": {}, "speed": {}, "data": {},
-                 "unfinished": [], "paper": PAPER, "speed_session": found.get("speed_session")}
+                 "unfinished": [], "paper": PAPER, "speed_session": found.get("speed_session"),
+                 "speed_sessions": {t: v for t, v in (found.get("speed_sessions") or {}).items() if t in tasks},
+                 "speed_status": {}}
     for task in tasks:
         out["accuracy"][task], out["speed"][task] = {}, {}
         for kind in kinds:
@@ -262,8 +361,11 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
                     "max_steps": sorted({r["max_steps"] for r in done.values()}),
                     "recipe_steps": recipe(task)["max_steps"], "dirs": [rel(r["dir"]) for r in done.values()]}
             sp = found["speed"].get((task, kind))
+            if (task, kind) in (found.get("speed_status") or {}):  # failed, cut off (partly measured), no time
+                out["speed_status"].setdefault(task, {})[kind] = found["speed_status"][(task, kind)]
             if sp and sp["speed"]:
-                out["speed"][task][kind] = dict(sp["speed"], steps=sp["steps_done"], dir=rel(sp["dir"]))
+                out["speed"][task][kind] = dict(sp["speed"], steps=sp["steps_done"], dir=rel(sp["dir"]),
+                                                accumulate=sp["accumulate"], micro_batch=sp["micro_batch"])
                 if sp["source"] is not None:
                     out["data"].setdefault(task, {"source": sp["source"], "note": stand_in(task, sp["source"])})
         base = out["speed"][task].get("standard", {}).get("step_time_ms")
@@ -285,10 +387,23 @@ def _f(x, fmt="{:.1f}", none="-"):
 def markdown(summary: dict, meta: dict) -> str:
     tasks, kinds = summary["tasks"], summary["kinds"]
     lines = markdown_header("Long Range Arena: the FlashAttention paper's Table 3 on our framework", meta)
-    sess = summary.get("speed_session")
-    if sess:
-        lines += [f"Speed runs: {sess.get('gpu', '?')}, torch {sess.get('torch', '?')}, {sess.get('date', '?')}, "
-                  f"`{sess.get('command', '?')}`.", ""]
+    sessions = summary.get("speed_sessions") or {}
+    groups: dict = {}  # one line per invocation (--keep-speed puts several in one table)
+    for t in tasks:
+        if t in sessions:
+            groups.setdefault(json.dumps(sessions[t], sort_keys=True), []).append(t)
+    if not groups and summary.get("speed_session"):
+        groups[json.dumps(summary["speed_session"], sort_keys=True)] = []
+    for key, ts in groups.items():
+        sess = json.loads(key)
+        which = f" ({', '.join(TASK_TITLES[t] for t in ts)})" if len(groups) > 1 else ""
+        data = f", data {sess['speed_data']}" if sess.get("speed_data") else ""
+        lines += [f"Speed runs{which}: {sess.get('gpu', '?')}, torch {sess.get('torch', '?')}, {sess.get('date', '?')}"
+                  f"{data}, `{sess.get('command', '?')}`."]
+    if len({json.loads(k).get("gpu") for k in groups}) > 1:
+        lines += ["The speed runs of different tasks ran on different GPUs: the mean speedups mix them."]
+    if groups:
+        lines.append("")
     short = any(a["max_steps"] != [a["recipe_steps"]] for t in tasks for a in summary["accuracy"][t].values())
     lines += ["Test accuracy (%), mean over the finished seeds; speedup: training step time of attn=standard "
               "over this kind's, same task, same invocation, geometric mean over the tasks measured.", "",
@@ -315,16 +430,29 @@ def markdown(summary: dict, meta: dict) -> str:
                      + f" | {_f(p['avg'])} | {_f(p['speedup'], '{:.1f}x')} |")
 
     lines += ["", "Training speed, SpeedMonitor's steady state (every logged window but the first):", "",
-              "| task | attention | step (ms) | tokens/s | vs standard | peak mem (GiB) | steps |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+              "| task | attention | step (ms) | tokens/s | vs standard | peak mem (GiB) | steps | note |",
+              "|---|---|---:|---:|---:|---:|---:|---|"]
+    accumulated = False
     for t in tasks:
         for kind in kinds:
             s = summary["speed"][t].get(kind)
             if s is None:
-                lines.append(f"| {TASK_TITLES[t]} | {kind} | not measured | | | | |")
+                why = (summary.get("speed_status") or {}).get(t, {}).get(kind)
+                lines.append(f"| {TASK_TITLES[t]} | {kind} | not measured | | | | | {why or ''} |")
                 continue
+            notes = [(summary.get("speed_status") or {}).get(t, {}).get(kind)]
+            if (s.get("accumulate") or 1) > 1:
+                accumulated = True
+                notes.insert(0, f"accumulated: {s['accumulate']} x {s['micro_batch']}")
+            note = "; ".join(n for n in notes if n)
             lines.append(f"| {TASK_TITLES[t]} | {kind} | {s['step_time_ms']:.1f} | {_f(s.get('tokens_per_s'), '{:,.0f}')}"
-                         f" | {_f(s.get('speedup'), '{:.2f}x')} | {_f(s.get('peak_mem_gib'), '{:.2f}')} | {s['steps']} |")
+                         f" | {_f(s.get('speedup'), '{:.2f}x')} | {_f(s.get('peak_mem_gib'), '{:.2f}')} "
+                         f"| {s['steps']} | {note} |")
+    if accumulated:
+        lines += ["", "accumulated: N x B: the step's batch as N micro-batches of B with gradient accumulation "
+                  "(--accumulate), so that attn=standard fits in memory: the same sequences per optimizer step, and "
+                  "step time and tokens/s cover the whole step, so they compare with the other rows; peak memory is "
+                  "that of one micro-batch."]
 
     lines += ["", "Runs (accuracy): steps run / the recipe's, seeds:", "",
               "| task | attention | steps | seeds: test acc (%) |", "|---|---|---|---|"]
@@ -419,6 +547,22 @@ class Runner:
         return "ok" if rc == 0 else "failed"
 
 
+def prepare_speed_data(root: Path, tasks, runner: Runner, runs: Path):
+    """Build root/TASK for each task with SPEED_PREPARE's caps (cached: a folder already built is kept)."""
+    failed = []
+    for t in tasks:
+        log = runs / "prepare" / f"speed-{t}.log"
+        status = runner.run(shlex.split(SPEED_PREPARE[t].format(out=shlex.quote(rel(root / t)))), log)
+        if status not in ("ok", "dry run"):
+            failed.append(f"{t} ({status}; log {rel(log)})")
+    if failed:
+        raise SystemExit(f"--prepare-speed-data: failed for {', '.join(failed)}")
+    if not runner.dry_run:
+        size = sum(f.stat().st_size for t in tasks for f in (root / t).rglob("*") if f.is_file())
+        print(f"{rel(root)}: {', '.join(tasks)}, {size / 2**20:.1f} MiB", flush=True)
+    return None
+
+
 def resume_checkpoint(run_dir: Path) -> Path | None:
     last = run_dir / "checkpoints" / "last.ckpt"
     return last if last.exists() else None
@@ -435,6 +579,17 @@ def main(argv=None):
     ap.add_argument("--ckpt-every", type=int, default=500, help="accuracy runs: checkpoint interval (steps)")
     ap.add_argument("--skip-speed", action="store_true", help="keep the speed runs already in RUNS/speed")
     ap.add_argument("--skip-accuracy", action="store_true", help="speed runs only")
+    ap.add_argument("--speed-data", default=None, metavar="DIR",
+                    help="speed runs read task T's data from DIR/T (built by --prepare-speed-data DIR); "
+                         "accuracy runs keep their configs' folders")
+    ap.add_argument("--prepare-speed-data", default=None, metavar="DIR",
+                    help="only build DIR/T, the small folders of the speed runs, for every --tasks T")
+    ap.add_argument("--keep-speed", action="store_true",
+                    help="rerun the speed runs of --tasks only and keep those of other tasks in RUNS/speed, so "
+                         "that several invocations (device calls) make one table")
+    ap.add_argument("--accumulate", action="append", default=[], metavar="TASK/KIND=N",
+                    help="that speed run splits its batch into N micro-batches with gradient accumulation "
+                         "(same sequences per step; e.g. retrieval/standard=2); repeatable")
     ap.add_argument("--prepare", action="store_true", help="run the tasks' data preparation first")
     ap.add_argument("--budget", type=float, default=None, help="seconds this invocation may take")
     ap.add_argument("--min-run", type=float, default=60, help="seconds a run needs left to start")
@@ -444,30 +599,67 @@ def main(argv=None):
     ap.add_argument("--out", default="results/lra")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
+    if args.speed_steps <= 0:
+        ap.error(f"--speed-steps must be a positive integer, got {args.speed_steps}")
+    try:
+        accumulate = parse_accumulate(args.accumulate)
+    except ValueError as e:
+        ap.error(str(e))
     t0 = time.time()
     runner = Runner(None if args.budget is None else t0 + args.budget, args.min_run, args.dry_run)
     runs = repo_path(args.collect or args.runs)
     extra = list(args.overrides)
     missing = []
 
+    if args.prepare_speed_data:
+        return prepare_speed_data(repo_path(args.prepare_speed_data), args.tasks, runner, runs)
+    speed_data = repo_path(args.speed_data) if args.speed_data else None
     if not args.collect:
         if args.prepare:
             for t in args.tasks:
                 runner.run(PREPARE[t].split(), runs / "prepare" / f"{t}.log")
         if not args.skip_speed:
             seed = args.seeds[0]
+            batches = {}
+            try:
+                for (t, kind), n in accumulate.items():
+                    if t in args.tasks and kind in args.kinds and n > 1:
+                        batches[(t, kind)] = accumulated_batch(t, kind, n, extra)
+            except ValueError as e:
+                ap.error(str(e))
+            if speed_data is not None and not args.dry_run:
+                from train.lra.datamodule import is_ready
+
+                absent = [t for t in args.tasks if not is_ready(t, speed_data / t)]
+                if absent:
+                    raise SystemExit(f"--speed-data {rel(speed_data)}: no prepared data for {', '.join(absent)} "
+                                     f"(DIR/TASK); build it with: python scripts/reproduce_lra.py "
+                                     f"--prepare-speed-data {rel(speed_data)} --tasks {' '.join(absent)}")
             if not args.dry_run:
-                shutil.rmtree(runs / "speed", ignore_errors=True)  # one invocation's speeds, never mixed
-                (runs / "speed").mkdir(parents=True)
-                (runs / "speed" / "session.json").write_text(json.dumps(run_metadata(argv and ["reproduce_lra.py", *argv])))
+                # One invocation's speeds per task, never mixed: --keep-speed keeps other tasks' runs only.
+                for old in ([runs / "speed" / t for t in args.tasks] if args.keep_speed else [runs / "speed"]):
+                    shutil.rmtree(old, ignore_errors=True)
+                session = run_metadata(argv and ["reproduce_lra.py", *argv])
+                if speed_data is not None:
+                    session["speed_data"] = rel(speed_data)
+                (runs / "speed").mkdir(parents=True, exist_ok=True)
+                (runs / "speed" / "session.json").write_text(json.dumps(session))
+                for t in args.tasks:
+                    (runs / "speed" / t).mkdir()
+                    (runs / "speed" / t / "session.json").write_text(json.dumps(session))
             # standard first: every other kind of a task is compared with it
             for t in args.tasks:
                 for kind in sorted(args.kinds, key=lambda k: k != "standard"):
                     d = speed_dir(runs, t, kind)
-                    status = runner.run(speed_command(t, kind, runs, args.speed_steps, seed, extra), d / "stdout.log",
-                                        args.speed_timeout)
+                    cmd = speed_command(t, kind, runs, args.speed_steps, seed, extra,
+                                        data_dir=speed_data_dir(speed_data, t) if speed_data is not None else None,
+                                        batch=batches.get((t, kind)))
+                    status = runner.run(cmd, d / "stdout.log", args.speed_timeout)
                     if status not in ("ok", "dry run"):
                         print(f"  speed {t}/{kind}: {status}", flush=True)
+                        d.mkdir(parents=True, exist_ok=True)
+                        (d / "status").write_text(f"{status}: {rel(d / 'stdout.log')}\n"
+                                                  if status != "no time" else "no time left\n")
         if not args.skip_accuracy:
             for t in args.tasks:
                 for kind in args.kinds:
@@ -490,7 +682,10 @@ def main(argv=None):
             return None
 
     found = collect(runs)
-    summary = summarize(found, args.tasks, args.kinds)
+    tasks = args.tasks
+    if args.keep_speed:  # the table covers the kept tasks too
+        tasks = [t for t in TASKS if t in args.tasks or any(k[0] == t for k in found["speed"])]
+    summary = summarize(found, tasks, args.kinds)
     known = {(m["task"], m["kind"], m["seed"]) for m in missing}
     for u in summary["unfinished"]:
         if (u["task"], u["kind"], u["seed"]) not in known:

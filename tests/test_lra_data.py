@@ -145,3 +145,118 @@ def test_datamodule_batches_and_resume(tmp_path, task):
     dm.samples_seen = 8
     resumed = [b["labels"].tolist() for b in dm.train_dataloader()][0]
     assert resumed == first[8:12]
+
+
+# ------------------------------------------------------------------------------ capped folders (--num-*)
+
+def _fake_spamassassin(root, n_ham=30, n_spam=20):
+    base = root / "package/spam-assassin/data"
+    for g, n, word in (("easy-ham-1", n_ham, b"meeting"), ("spam-1", n_spam, b"offer")):
+        (base / g).mkdir(parents=True)
+        for i in range(n):
+            (base / g / f"{i:05d}.txt").write_bytes(b"From: x@y\n\n" + word + b" number %d " % i + b"x" * (20 + i))
+    return root
+
+
+def _split_texts(folder, split):
+    z = np.load(folder / f"{split}.npz")
+    o = z["offsets"]
+    return [bytes(z["tokens"][o[i]:o[i + 1]]) for i in range(len(o) - 1)], z["labels"].tolist()
+
+
+def test_text_caps_keep_a_seeded_subset_and_change_the_stamp(tmp_path):
+    src = _fake_spamassassin(tmp_path / "src")
+    full = text.prepare_spamassassin(src, tmp_path / "full", seed=0)
+    capped = text.prepare_spamassassin(src, tmp_path / "capped", seed=0, num_train=10, num_val=2, num_test=3)
+    assert (capped["train_examples"], capped["val_examples"], capped["test_examples"]) == (10, 2, 3)
+    assert capped["caps"] == {"train": 10, "val": 2, "test": 3} and "caps" not in full
+    assert capped["stamp"] != full["stamp"]
+    for split in ("train", "val", "test"):
+        sub, _ = _split_texts(tmp_path / "capped", split)
+        whole, _ = _split_texts(tmp_path / "full", split)
+        assert set(sub) <= set(whole)  # a subset of the full split: no example moves between splits
+    # the sources list ham first: a seeded subset, not the first ten in file order, keeps both classes
+    assert set(_split_texts(tmp_path / "capped", "train")[1]) == {0, 1}
+    again = text.prepare_spamassassin(src, tmp_path / "again", seed=0, num_train=10, num_val=2, num_test=3)
+    assert _split_texts(tmp_path / "again", "train") == _split_texts(tmp_path / "capped", "train")
+    assert again["stamp"] == capped["stamp"]
+    # a capped folder is never taken for the full one (nor for other caps): it is rebuilt
+    assert text.prepare_spamassassin(src, tmp_path / "capped", seed=0)["train_examples"] == full["train_examples"]
+    # a cap above the split's size keeps the whole split
+    big = text.prepare_spamassassin(src, tmp_path / "big", seed=0, num_train=10_000)
+    assert big["train_examples"] == full["train_examples"] and big["stamp"] != full["stamp"]
+
+
+def test_image_caps_on_fashion_mnist_files(tmp_path):
+    import gzip
+
+    def idx(path, arr):
+        with gzip.open(path, "wb") as f:
+            f.write(b"\0\0\x08" + bytes([arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+                    + arr.tobytes())
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    src.mkdir()
+    for stem, n in (("train", 40), ("t10k", 12)):
+        idx(src / f"{stem}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28), dtype=np.uint8))
+        idx(src / f"{stem}-labels-idx1-ubyte.gz", (np.arange(n) % 10).astype(np.uint8))
+    full = image.prepare_fashion_mnist(src, tmp_path / "full")
+    assert (full["train_examples"], full["val_examples"], full["test_examples"]) == (36, 4, 12)
+    capped = image.prepare_fashion_mnist(src, tmp_path / "capped", num_train=8, num_test=5)
+    assert (capped["train_examples"], capped["val_examples"], capped["test_examples"]) == (8, 4, 5)
+    assert capped["stamp"] != full["stamp"] and capped["caps"] == {"train": 8, "test": 5}
+    a, b = np.load(tmp_path / "full/train.npz"), np.load(tmp_path / "capped/train.npz")
+    rows = {x.tobytes() for x in a["images"]}
+    assert all(x.tobytes() in rows for x in b["images"])
+    dm = LRADataModule("image", tmp_path / "capped", seq_len=1025, batch_size=4, num_workers=0)
+    dm.setup()
+    assert len(dm.splits["train"]) == 8 and len(dm.splits["test"]) == 5
+
+
+def test_retrieval_caps_fixture_and_aan(tmp_path):
+    m = retrieval.fixture(tmp_path / "fx", n=60, num_train=10, num_val=3)
+    assert (m["train_examples"], m["val_examples"], m["test_examples"]) == (10, 3, 6)
+    assert m["stamp"] != retrieval.fixture(tmp_path / "fx-full", n=60)["stamp"]
+    for f in retrieval.AAN_FILES.values():
+        (tmp_path / f).write_bytes(b"".join(b"%d\tP\tQ\tdoc %d\tother %d\n" % (i % 2, i, i) for i in range(9)))
+    aan = retrieval.prepare_aan(tmp_path, tmp_path / "aan", num_train=4)
+    assert (aan["train_examples"], aan["val_examples"], aan["caps"]) == (4, 9, {"train": 4})
+    dm = LRADataModule("retrieval", tmp_path / "aan", seq_len=8, batch_size=2)
+    dm.setup()
+    assert len(dm.splits["train"]) == 4
+
+
+def test_text_fixture_caps_through_the_cli(tmp_path, capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import prepare_lra
+
+    meta = prepare_lra.main(["text", "--source", "fixture", "--fixture-n", "40", "--num-train", "7",
+                             "--num-test", "2", "--out", str(tmp_path / "t")])
+    assert (meta["train_examples"], meta["val_examples"], meta["test_examples"]) == (7, 4, 2)
+    meta = prepare_lra.main(["image", "--source", "fixture", "--num-val", "3", "--out", str(tmp_path / "i")])
+    assert meta["val_examples"] == 3
+    for bad in (["text", "--num-train", "0"], ["image", "--num-val", "-5"], ["listops", "--num-test", "x"],
+                ["pathfinder", "--num", "0"]):
+        with pytest.raises(SystemExit):
+            prepare_lra.main([*bad, "--out", str(tmp_path / "bad")])
+        assert "positive integer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        prepare_lra.main(["pathfinder", "--num-train", "5", "--out", str(tmp_path / "bad")])
+    assert "--num sets the images" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_caps_must_be_positive_integers(tmp_path, bad):
+    with pytest.raises(ValueError, match="positive integer"):
+        text.fixture(tmp_path, num_train=bad)
+    with pytest.raises(ValueError, match="num_val must be a positive integer"):
+        listops.generate(tmp_path, num_train=4, num_val=bad, num_test=4)
+    with pytest.raises(ValueError, match="positive integer"):
+        retrieval.fixture(tmp_path, num_test=bad)
+    with pytest.raises(ValueError, match="positive integer"):
+        image.fixture(tmp_path, num_train=bad)

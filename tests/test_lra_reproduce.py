@@ -196,3 +196,159 @@ def test_end_to_end_smoke(tmp_path):
     s2 = R.main(["--runs", str(tmp_path / "runs"), "--out", str(out), "--tasks", "listops", "--kinds", "standard",
                  "--skip-speed", "debug=smoke"])
     assert s2["accuracy"]["listops"]["standard"]["seeds"] == s["accuracy"]["listops"]["standard"]["seeds"]
+
+
+# ------------------------------------------------------------------------------ speed runs from a small folder
+
+def speed_cmds(capsys):
+    return [ln[2:] for ln in capsys.readouterr().out.splitlines() if ln.startswith("$ ")]
+
+
+def test_speed_data_overrides_speed_runs_only(tmp_path, capsys):
+    R.main(["--dry-run", "--runs", str(tmp_path / "runs"), "--tasks", "listops", "pathfinder", "--kinds", "flash",
+            "--speed-data", "data/cache/lra-speed"])
+    cmds = speed_cmds(capsys)
+    speed, acc = [c for c in cmds if "/speed/" in c], [c for c in cmds if "/speed/" not in c]
+    assert len(speed) == 2 and len(acc) == 2
+    assert "'data.data_dir=${repo:}/data/cache/lra-speed/listops'" in speed[0]
+    assert "'data.data_dir=${repo:}/data/cache/lra-speed/pathfinder'" in speed[1]
+    assert not any("data_dir" in c for c in acc)  # accuracy runs read their configs' folders
+    # the override names the folder the datamodule gets
+    cfg = cfg_for("experiment=lra/text", "data.data_dir=${repo:}/data/cache/lra-speed/text")
+    assert cfg.data.data_dir == str(REPO / "data/cache/lra-speed/text")
+    # outside the checkout: the absolute path
+    R.main(["--dry-run", "--skip-accuracy", "--runs", str(tmp_path), "--tasks", "text", "--kinds", "flash",
+            "--speed-data", str(tmp_path / "small")])
+    (cmd,) = speed_cmds(capsys)
+    assert f"data.data_dir={tmp_path / 'small' / 'text'}" in cmd
+
+
+def test_speed_data_must_be_prepared(tmp_path):
+    with pytest.raises(SystemExit, match="--prepare-speed-data .* --tasks text"):
+        R.main(["--skip-accuracy", "--runs", str(tmp_path / "runs"), "--tasks", "text", "--kinds", "flash",
+                "--speed-data", str(tmp_path / "none")])
+    assert not (tmp_path / "runs" / "speed").exists()  # failed before deleting or running anything
+
+
+def test_prepare_speed_data_commands(tmp_path, capsys):
+    assert R.main(["--dry-run", "--prepare-speed-data", "data/cache/lra-speed", "--tasks", "text", "pathfinder"]) is None
+    text_cmd, pf_cmd = speed_cmds(capsys)
+    assert text_cmd.startswith("python scripts/prepare_lra.py text --num-train ")
+    assert text_cmd.endswith("--out data/cache/lra-speed/text")
+    assert "--resolution 32" in pf_cmd and pf_cmd.endswith("--out data/cache/lra-speed/pathfinder")
+    for cmd in R.SPEED_PREPARE.values():  # every one parses
+        import prepare_lra
+
+        with pytest.raises(SystemExit) as e:
+            prepare_lra.main([*cmd.format(out="x").split()[2:], "--help"])
+        assert e.value.code == 0
+    capsys.readouterr()
+
+
+def test_accumulate_parsed_and_applied(tmp_path, capsys):
+    R.main(["--dry-run", "--skip-accuracy", "--runs", str(tmp_path), "--tasks", "retrieval", "text",
+            "--kinds", "standard", "flash", "--accumulate", "retrieval/standard=2", "--accumulate", "text/flash=4"])
+    cmds = {(c.split()[2][len("experiment=lra/"):], c.split()[3][len("attn="):]): c for c in speed_cmds(capsys)}
+    assert cmds[("retrieval", "standard")].endswith("data.batch_size=16 global_batch_size=32")
+    assert cmds[("text", "flash")].endswith("data.batch_size=8 global_batch_size=32")
+    assert "global_batch_size" not in cmds[("retrieval", "flash")] + cmds[("text", "standard")]
+    # the batch the run would have: debug modes and overrides count, and the last override wins
+    R.main(["--dry-run", "--skip-accuracy", "--runs", str(tmp_path), "--tasks", "image", "--kinds", "standard",
+            "--accumulate", "image/standard=2", "data.batch_size=64"])
+    (cmd,) = speed_cmds(capsys)
+    assert cmd.endswith("data.batch_size=64 data.batch_size=32 global_batch_size=64")
+    cfg = cfg_for("experiment=lra/image", "data.batch_size=64", "data.batch_size=32", "global_batch_size=64")
+    assert (cfg.data.batch_size, cfg.global_batch_size) == (32, 64)
+    assert R.parse_accumulate(["pathfinder/blocksparse=8"]) == {("pathfinder", "blocksparse"): 8}
+
+
+@pytest.mark.parametrize("spec,why", [("retrieval=2", "TASK/KIND=N"), ("retrieval/standard", "TASK/KIND=N"),
+                                      ("cifar/standard=2", "task must be one of"),
+                                      ("text/naive=2", "kind one of"), ("text/standard=0", "positive integer"),
+                                      ("text/standard=two", "positive integer"),
+                                      ("text/standard=3", "does not split into 3")])
+def test_bad_accumulate_errors(tmp_path, capsys, spec, why):
+    with pytest.raises(SystemExit):
+        R.main(["--dry-run", "--skip-accuracy", "--runs", str(tmp_path), "--tasks", "text",
+                "--kinds", "standard", "--accumulate", spec])
+    assert why in capsys.readouterr().err
+
+
+def test_bad_speed_steps(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        R.main(["--dry-run", "--runs", str(tmp_path), "--speed-steps", "0"])
+    assert "--speed-steps must be a positive integer" in capsys.readouterr().err
+
+
+def fake_runner(ms_of, fail=()):
+    """Runner.run stand-in: a speed command writes the run folder a real run would (config + metrics)."""
+    def run(self, cmd, log, timeout=None):
+        ov = dict(c.split("=", 1) for c in cmd[2:] if "=" in c)
+        task, kind = ov["experiment"].split("/")[1], ov["attn"]
+        if (task, kind) in fail:
+            return "failed"
+        d = Path(ov["hydra.run.dir"])
+        write_run(d, task, kind, max_steps=int(ov["trainer.max_steps"]), step_ms=ms_of[kind], mem=1.0)
+        if "global_batch_size" in ov:
+            cfg = OmegaConf.load(d / ".hydra" / "config.yaml")
+            cfg.data.batch_size, cfg.global_batch_size = int(ov["data.batch_size"]), int(ov["global_batch_size"])
+            OmegaConf.save(cfg, d / ".hydra" / "config.yaml")
+        return "ok"
+    return run
+
+
+def test_keep_speed_two_invocations_make_one_table(tmp_path, monkeypatch):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    small = tmp_path / "small"
+    from train.lra.datamodule import auto_prepare
+
+    for t in ("listops", "text", "image"):
+        auto_prepare(t, small / t, **({"num_train": 8, "num_val": 2, "num_test": 2} if t == "listops" else {}))
+    monkeypatch.setattr(R.Runner, "run", fake_runner({"standard": 200.0, "flash": 100.0}))
+    common = ["--skip-accuracy", "--runs", str(runs), "--out", str(out), "--kinds", "standard", "flash",
+              "--speed-data", str(small)]
+    R.main([*common, "--tasks", "listops", "text", "--accumulate", "text/standard=2"])
+    first = json.loads((runs / "speed" / "listops" / "session.json").read_text())
+    assert first["speed_data"] == str(small)
+    # the second call: a stale text run is replaced, listops kept, image added
+    monkeypatch.setattr(R.Runner, "run", fake_runner({"standard": 300.0, "flash": 100.0}))
+    s = R.main([*common, "--tasks", "text", "image", "--keep-speed"])
+    assert s["tasks"] == ["listops", "text", "image"]
+    assert s["speed"]["listops"]["flash"]["speedup"] == pytest.approx(2.0)  # kept from the first call
+    assert s["speed"]["text"]["flash"]["speedup"] == pytest.approx(3.0)  # rerun
+    assert s["speed"]["text"]["standard"]["accumulate"] == 1  # the first call's accumulated run is gone
+    assert json.loads((runs / "speed" / "listops" / "session.json").read_text()) == first
+    md = (out / "table3.md").read_text()
+    assert "Speed runs (ListOps):" in md and "Speed runs (Text, Image):" in md
+    # without --keep-speed: one invocation's runs only
+    R.main([*common, "--tasks", "image"])
+    assert sorted(p.name for p in (runs / "speed").iterdir() if p.is_dir()) == ["image"]
+
+
+def test_accumulated_and_failed_runs_in_the_table(tmp_path, monkeypatch):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    monkeypatch.setattr(R.Runner, "run", fake_runner({"standard": 200.0, "flash": 100.0},
+                                                     fail={("retrieval", "flash")}))
+    s = R.main(["--skip-accuracy", "--runs", str(runs), "--out", str(out), "--kinds", "standard", "flash",
+                "--tasks", "retrieval", "--accumulate", "retrieval/standard=4"])
+    st = s["speed"]["retrieval"]["standard"]
+    assert (st["accumulate"], st["micro_batch"]) == (4, 8)
+    md = (out / "table3.md").read_text()
+    assert "| accumulated: 4 x 8 |" in md and "gradient accumulation (--accumulate)" in md
+    assert "| Retrieval | flash | not measured | | | | | failed: " in md
+    assert (runs / "speed" / "retrieval" / "flash" / "status").read_text().startswith("failed")
+
+
+def test_cut_off_speed_run_is_flagged(tmp_path, monkeypatch):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    measured = fake_runner({"standard": 200.0, "flash": 100.0})
+
+    def cut_off(self, cmd, log, timeout=None):
+        measured(self, cmd, log, timeout)
+        return "cut off" if "attn=flash" in cmd else "ok"
+
+    monkeypatch.setattr(R.Runner, "run", cut_off)
+    s = R.main(["--skip-accuracy", "--runs", str(runs), "--out", str(out), "--kinds", "standard", "flash",
+                "--tasks", "image"])
+    assert s["speed"]["image"]["flash"]["speedup"] == pytest.approx(2.0)
+    assert "| 2.00x | 1.00 | 39 | cut off: " in (out / "table3.md").read_text()

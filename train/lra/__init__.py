@@ -80,6 +80,34 @@ def split_indices(n: int, seed: int, fractions=(0.8, 0.1, 0.1)) -> dict:
             "test": np.sort(perm[n_train + n_val:])}
 
 
+def check_caps(num_train: int | None = None, num_val: int | None = None, num_test: int | None = None) -> dict:
+    """{split: cap} for the caps given (None = the whole split); a cap must be a positive integer."""
+    caps = {s: n for s, n in zip(SPLITS, (num_train, num_val, num_test)) if n is not None}
+    for s, n in caps.items():
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise ValueError(f"num_{s} must be a positive integer (examples kept in the {s} split), got {n!r}")
+    return {s: int(n) for s, n in caps.items()}
+
+
+def caps_stamp(caps: dict, seed: int) -> tuple:
+    """What a capped folder adds to its stamp (nothing when uncapped: full folders keep their stamps), so
+    a capped folder is never taken for a full one, nor for one with other caps."""
+    return (("caps", sorted(caps.items()), seed),) if caps else ()
+
+
+def cap_indices(idx: dict, caps: dict, seed: int) -> dict:
+    """Each capped split's first `cap` indices after a seeded shuffle, in their original order: a fixed
+    subset of the full split with its class and length mix (the sources are stored sorted by class, so
+    the first `cap` in file order would be one class)."""
+    out = dict(idx)
+    for k, split in enumerate(SPLITS):
+        if split in caps and caps[split] < len(idx[split]):
+            i = np.asarray(idx[split])
+            keep = np.random.default_rng([seed, 7, k]).permutation(len(i))[:caps[split]]
+            out[split] = i[np.sort(keep)]
+    return out
+
+
 def to_bytes(text: str | bytes, max_bytes: int) -> np.ndarray:
     raw = text.encode("utf-8", errors="replace") if isinstance(text, str) else text
     return np.frombuffer(raw[:max_bytes], dtype=np.uint8).copy()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.lra import is_prepared, read_meta, stamp_of, write_meta
+from train.lra import cap_indices, caps_stamp, check_caps, is_prepared, read_meta, stamp_of, write_meta
 
 SIZE = 32
 
@@ -55,8 +55,17 @@ def lra_split(train_x, train_y, test_x, test_y) -> dict:
             "test": (test_x, test_y)}
 
 
-def write_images(out_dir, splits: dict, meta: dict) -> dict:
+def cap_splits(splits: dict, caps: dict, seed: int) -> dict:
+    """{split: (x, y)} with each capped split cut to a seeded subset (train.lra.cap_indices)."""
+    idx = cap_indices({s: np.arange(len(y)) for s, (x, y) in splits.items()}, caps, seed)
+    return {s: (x[idx[s]], np.asarray(y)[idx[s]]) for s, (x, y) in splits.items()}
+
+
+def write_images(out_dir, splits: dict, meta: dict, caps: dict | None = None, seed: int = 0) -> dict:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
+    if caps:
+        splits = cap_splits(splits, caps, seed)
+        meta = dict(meta, caps=caps, seed=seed)
     for split, (x, y) in splits.items():
         x = np.ascontiguousarray(x, dtype=np.uint8)
         if x.shape[1:] != (SIZE, SIZE):
@@ -68,8 +77,12 @@ def write_images(out_dir, splits: dict, meta: dict) -> dict:
     return write_meta(out_dir, meta)
 
 
-def prepare_fashion_mnist(root, out_dir) -> dict:
+def prepare_fashion_mnist(root, out_dir, seed: int = 0, num_train: int | None = None, num_val: int | None = None,
+                          num_test: int | None = None) -> dict:
+    """num_*: keep at most that many images of a split (a subset of the full split, chosen by `seed`)."""
     from train.data import file_digest
+
+    caps = check_caps(num_train, num_val, num_test)
 
     def find(stem):
         hits = sorted(Path(root).glob(f"**/{stem}*ubyte*"))
@@ -78,13 +91,14 @@ def prepare_fashion_mnist(root, out_dir) -> dict:
         return hits[0]
 
     files = [find(s) for s in ("train-images-idx3", "train-labels-idx1", "t10k-images-idx3", "t10k-labels-idx1")]
-    stamp = stamp_of("image-fashion-mnist-v1", file_digest(files))
+    stamp = stamp_of("image-fashion-mnist-v1", file_digest(files), *caps_stamp(caps, seed))
     if is_prepared(out_dir, stamp):
         print(f"{out_dir} is up to date (stamp {stamp}); nothing to do")
         return read_meta(out_dir)
     tx, ty, vx, vy = (read_idx(f) for f in files)
     return write_images(out_dir, lra_split(pad_to(tx), ty, pad_to(vx), vy),
-                        {"task": "image", "source": "fashion-mnist", "stand_in_for": "CIFAR-10", "stamp": stamp})
+                        {"task": "image", "source": "fashion-mnist", "stand_in_for": "CIFAR-10", "stamp": stamp},
+                        caps, seed)
 
 
 def read_cifar_python(folder) -> tuple:
@@ -114,23 +128,28 @@ def read_cifar_hf(path: str = "uoft-cs/cifar10") -> tuple:
     return tuple(out)
 
 
-def prepare_cifar(out_dir, python_dir=None, hf_path: str = "uoft-cs/cifar10") -> dict:
+def prepare_cifar(out_dir, python_dir=None, hf_path: str = "uoft-cs/cifar10", seed: int = 0,
+                  num_train: int | None = None, num_val: int | None = None, num_test: int | None = None) -> dict:
+    caps = check_caps(num_train, num_val, num_test)
     if python_dir is not None:
         from train.data import file_digest
 
         files = sorted(Path(python_dir).glob("*_batch*"))
-        stamp = stamp_of("image-cifar-python-v1", file_digest(files))
+        stamp = stamp_of("image-cifar-python-v1", file_digest(files), *caps_stamp(caps, seed))
     else:
-        stamp = stamp_of("image-cifar-hf-v1", hf_path)
+        stamp = stamp_of("image-cifar-hf-v1", hf_path, *caps_stamp(caps, seed))
     if is_prepared(out_dir, stamp):
         print(f"{out_dir} is up to date (stamp {stamp}); nothing to do")
         return read_meta(out_dir)
     arrays = read_cifar_python(python_dir) if python_dir is not None else read_cifar_hf(hf_path)
-    return write_images(out_dir, lra_split(*arrays), {"task": "image", "source": "cifar10", "stamp": stamp})
+    return write_images(out_dir, lra_split(*arrays), {"task": "image", "source": "cifar10", "stamp": stamp},
+                        caps, seed)
 
 
-def fixture(out_dir, n: int = 96, seed: int = 0) -> dict:
+def fixture(out_dir, n: int = 96, seed: int = 0, num_train: int | None = None, num_val: int | None = None,
+            num_test: int | None = None) -> dict:
     """Tiny learnable images for tests and smoke runs: a bright bar, horizontal (0) or vertical (1)."""
+    caps = check_caps(num_train, num_val, num_test)
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 60, (n, SIZE, SIZE)).astype(np.uint8)
     y = np.arange(n) % 2
@@ -143,4 +162,5 @@ def fixture(out_dir, n: int = 96, seed: int = 0) -> dict:
     cut1, cut2 = int(0.8 * n), int(0.9 * n)
     return write_images(out_dir, {"train": (x[:cut1], y[:cut1]), "val": (x[cut1:cut2], y[cut1:cut2]),
                                   "test": (x[cut2:], y[cut2:])},
-                        {"task": "image", "source": "fixture", "stamp": stamp_of("image-fixture", n, seed)})
+                        {"task": "image", "source": "fixture",
+                         "stamp": stamp_of("image-fixture", n, seed, *caps_stamp(caps, seed))}, caps, seed)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.lra import SPLITS, is_prepared, read_meta, stamp_of, write_meta
+from train.lra import SPLITS, check_caps, is_prepared, read_meta, stamp_of, write_meta
 
 MIN, MAX, MED, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[SM", "]"
 OPERATORS = (MIN, MAX, MED, SUM_MOD)
@@ -98,6 +98,7 @@ def generate(out_dir, num_train=96_000, num_val=2_000, num_test=2_000, seed=0, w
              max_args=10, min_length=500, max_length=2000, chunk_size=500) -> dict:
     """Write out_dir/basic_{train,val,test}.tsv (LRA's format) and meta.json; a no-op when up to date."""
     out_dir = Path(out_dir)
+    check_caps(num_train, num_val, num_test)
     sizes = {"train": num_train, "val": num_val, "test": num_test}
     settings = dict(seed=seed, max_depth=max_depth, max_args=max_args, min_length=min_length,
                     max_length=max_length, chunk_size=chunk_size, **{f"num_{k}": v for k, v in sizes.items()})

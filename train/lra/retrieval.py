@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from train.lra import SPLITS, is_prepared, read_meta, save_split, split_indices, stamp_of, to_bytes, write_meta
+from train.lra import (SPLITS, cap_indices, caps_stamp, check_caps, is_prepared, read_meta, save_split, split_indices,
+                       stamp_of, to_bytes, write_meta)
 
 MAX_BYTES = 4096
 _ABS = re.compile(r"Documentation/([A-Za-z0-9_./+-]+?)\.rst")
@@ -136,8 +137,11 @@ def prepare_linux_doc(root, out_dir, seed: int = 0, max_bytes: int = MAX_BYTES, 
                       num_train: int = 64_000, num_val: int = 4_000, num_test: int = 4_000) -> dict:
     """pairs="section" (default): same section of the documentation or not, documents split 80/10/10
     before pairing, so no test document was seen in training (the link graph of "links" has only ~1.5K
-    edges: too few to train on); pairs="links": linked or not (link_pairs), pairs split 80/10/10."""
+    edges: too few to train on); pairs="links": linked or not (link_pairs), pairs split 80/10/10.
+    num_*: pairs drawn per split ("section"); the most pairs kept per split ("links")."""
     from train.data import file_digest
+
+    caps = check_caps(num_train, num_val, num_test)
 
     files = sorted(p for p in Path(root).glob("**/Documentation/**/*.rst*") if p.is_file())
     stamp = stamp_of("retrieval-linux-doc-v1", file_digest(files) if files else "none", seed, max_bytes, pairs,
@@ -151,8 +155,8 @@ def prepare_linux_doc(root, out_dir, seed: int = 0, max_bytes: int = MAX_BYTES, 
             "documents": len(docs), "pairs": pairs}
     if pairs == "links":
         a, b, y = link_pairs(docs, seed)
-        return write_pairs(out_dir, [enc[n] for n in a], [enc[n] for n in b], y, split_indices(len(y), seed),
-                           max_bytes, meta)
+        return write_pairs(out_dir, [enc[n] for n in a], [enc[n] for n in b], y,
+                           cap_indices(split_indices(len(y), seed), caps, seed), max_bytes, meta)
     if pairs != "section":
         raise ValueError(f"unknown pairs {pairs!r}; choose 'section' or 'links'")
     names = sorted(docs)
@@ -188,21 +192,29 @@ def read_aan_tsv(path, max_bytes: int = MAX_BYTES) -> tuple[list, list, np.ndarr
 AAN_FILES = {"train": "new_aan_pairs.train.tsv", "val": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
 
 
-def prepare_aan(tsv_dir, out_dir, max_bytes: int = MAX_BYTES) -> dict:
+def prepare_aan(tsv_dir, out_dir, max_bytes: int = MAX_BYTES, seed: int = 0, num_train: int | None = None,
+                num_val: int | None = None, num_test: int | None = None) -> dict:
+    """num_*: keep at most that many pairs of a split (a subset chosen by `seed`)."""
     from train.data import file_digest
+
+    caps = check_caps(num_train, num_val, num_test)
 
     paths = {s: Path(tsv_dir) / f for s, f in AAN_FILES.items()}
     missing = [str(p) for p in paths.values() if not p.exists()]
     if missing:
         raise FileNotFoundError(f"missing AAN files {missing} (LRA release: lra_release/tsv_data/)")
-    stamp = stamp_of("retrieval-aan-v1", file_digest(paths.values()), max_bytes)
+    stamp = stamp_of("retrieval-aan-v1", file_digest(paths.values()), max_bytes, *caps_stamp(caps, seed))
     if is_prepared(out_dir, stamp):
         print(f"{out_dir} is up to date (stamp {stamp}); nothing to do")
         return read_meta(out_dir)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    meta = {"task": "retrieval", "source": "aan", "stamp": stamp, "max_bytes": max_bytes}
+    meta = {"task": "retrieval", "source": "aan", "stamp": stamp, "max_bytes": max_bytes,
+            **({"caps": caps, "seed": seed} if caps else {})}
     for split, p in paths.items():
         t1, t2, y = read_aan_tsv(p, max_bytes)
+        keep = cap_indices({split: np.arange(len(y))}, caps, seed)[split] if split in caps else None
+        if keep is not None:
+            t1, t2, y = [t1[k] for k in keep], [t2[k] for k in keep], y[keep]
         save_split(Path(out_dir) / f"{split}.npz", y, t1, t2)
         meta[f"{split}_examples"] = len(y)
         meta[f"{split}_majority"] = float(np.bincount(y, minlength=2).max() / max(1, len(y)))
@@ -221,8 +233,10 @@ def write_pairs(out_dir, first, second, labels, idx: dict, max_bytes: int, meta:
     return write_meta(out_dir, meta)
 
 
-def fixture(out_dir, n: int = 96, seed: int = 0, max_bytes: int = 512) -> dict:
+def fixture(out_dir, n: int = 96, seed: int = 0, max_bytes: int = 512, num_train: int | None = None,
+            num_val: int | None = None, num_test: int | None = None) -> dict:
     """Tiny learnable pairs for tests and smoke runs: same topic word in both documents or not."""
+    caps = check_caps(num_train, num_val, num_test)
     rng = np.random.default_rng(seed)
     topics = ["memory", "network", "sound", "video", "power", "usb"]
     filler = ["the", "driver", "uses", "a", "buffer", "for", "each", "device", "and", "then"]
@@ -236,5 +250,6 @@ def fixture(out_dir, n: int = 96, seed: int = 0, max_bytes: int = 512) -> dict:
             rng.shuffle(w)
             out.append(to_bytes(" ".join(w), max_bytes))
         ys.append(y)
-    return write_pairs(out_dir, first, second, ys, split_indices(n, seed), max_bytes,
-                       {"task": "retrieval", "source": "fixture", "stamp": stamp_of("retrieval-fixture", n, seed)})
+    return write_pairs(out_dir, first, second, ys, cap_indices(split_indices(n, seed), caps, seed), max_bytes,
+                       {"task": "retrieval", "source": "fixture",
+                        "stamp": stamp_of("retrieval-fixture", n, seed, *caps_stamp(caps, seed))})

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from train.lra import SPLITS, is_prepared, read_meta, save_split, split_indices, stamp_of, to_bytes, write_meta
+from train.lra import (SPLITS, cap_indices, caps_stamp, check_caps, is_prepared, read_meta, save_split, split_indices,
+                       stamp_of, to_bytes, write_meta)
 
 MAX_BYTES = 4096
 HAM = ("easy-ham-1", "easy-ham-2", "hard-ham-1")
@@ -65,23 +66,29 @@ def hf_examples(path: str = "imdb", split: str = "train") -> tuple[list[str], li
     return list(ds["text"]), [int(x) for x in ds["label"]]
 
 
-def prepare_spamassassin(root, out_dir, seed: int = 0, max_bytes: int = MAX_BYTES) -> dict:
+def prepare_spamassassin(root, out_dir, seed: int = 0, max_bytes: int = MAX_BYTES, num_train: int | None = None,
+                         num_val: int | None = None, num_test: int | None = None) -> dict:
+    """num_*: keep at most that many examples of a split (cap_indices: a seeded subset of the full split)."""
     from train.data import file_digest
 
+    caps = check_caps(num_train, num_val, num_test)
     listing = sorted(p for p in Path(root).glob("**/spam-assassin/data/*/*") if p.is_file())
-    stamp = stamp_of("text-spamassassin-v1", file_digest(listing) if listing else "none", seed, max_bytes)
+    stamp = stamp_of("text-spamassassin-v1", file_digest(listing) if listing else "none", seed, max_bytes,
+                     *caps_stamp(caps, seed))
     if is_prepared(out_dir, stamp):
         print(f"{out_dir} is up to date (stamp {stamp}); nothing to do")
         return read_meta(out_dir)
     texts, labels = spamassassin_examples(root)
-    return write_splits(out_dir, texts, labels, split_indices(len(texts), seed), max_bytes,
+    return write_splits(out_dir, texts, labels, cap_indices(split_indices(len(texts), seed), caps, seed), max_bytes,
                         {"task": "text", "source": "spamassassin", "stand_in_for": "IMDB", "stamp": stamp,
-                         "seed": seed})
+                         "seed": seed, **({"caps": caps} if caps else {})})
 
 
-def prepare_hf(out_dir, path: str = "imdb", seed: int = 0, max_bytes: int = MAX_BYTES, val_fraction: float = 0.1):
+def prepare_hf(out_dir, path: str = "imdb", seed: int = 0, max_bytes: int = MAX_BYTES, val_fraction: float = 0.1,
+               num_train: int | None = None, num_val: int | None = None, num_test: int | None = None):
     """The original task: IMDB's train split (minus a seeded val fraction) and its test split."""
-    stamp = stamp_of("text-hf-v1", path, seed, max_bytes, val_fraction)
+    caps = check_caps(num_train, num_val, num_test)
+    stamp = stamp_of("text-hf-v1", path, seed, max_bytes, val_fraction, *caps_stamp(caps, seed))
     if is_prepared(out_dir, stamp):
         print(f"{out_dir} is up to date (stamp {stamp}); nothing to do")
         return read_meta(out_dir)
@@ -93,9 +100,9 @@ def prepare_hf(out_dir, path: str = "imdb", seed: int = 0, max_bytes: int = MAX_
     is_val[val] = True
     texts, labels = tr_x + te_x, tr_y + te_y
     idx = {"train": np.nonzero(~is_val)[0], "val": val, "test": np.arange(n, n + len(te_x))}
-    return write_splits(out_dir, texts, labels, idx, max_bytes,
+    return write_splits(out_dir, texts, labels, cap_indices(idx, caps, seed), max_bytes,
                         {"task": "text", "source": "imdb" if path == "imdb" else f"hf:{path}", "stamp": stamp,
-                         "seed": seed})
+                         "seed": seed, **({"caps": caps} if caps else {})})
 
 
 def write_splits(out_dir, texts, labels, idx: dict, max_bytes: int, meta: dict) -> dict:
@@ -113,8 +120,10 @@ def write_splits(out_dir, texts, labels, idx: dict, max_bytes: int, meta: dict) 
     return write_meta(out_dir, meta)
 
 
-def fixture(out_dir, n: int = 96, seed: int = 0, max_bytes: int = 512) -> dict:
+def fixture(out_dir, n: int = 96, seed: int = 0, max_bytes: int = 512, num_train: int | None = None,
+            num_val: int | None = None, num_test: int | None = None) -> dict:
     """Tiny learnable stand-in for tests and smoke runs: class 1 texts carry the word 'offer'."""
+    caps = check_caps(num_train, num_val, num_test)
     rng = np.random.default_rng(seed)
     words = ["the", "meeting", "is", "at", "noon", "please", "find", "attached", "report", "thanks"]
     texts, labels = [], []
@@ -126,5 +135,6 @@ def fixture(out_dir, n: int = 96, seed: int = 0, max_bytes: int = 512) -> dict:
                 w.insert(int(rng.integers(len(w) + 1)), "offer")
         texts.append(" ".join(w))
         labels.append(y)
-    return write_splits(out_dir, texts, labels, split_indices(n, seed), max_bytes,
-                        {"task": "text", "source": "fixture", "stamp": stamp_of("text-fixture", n, seed)})
+    return write_splits(out_dir, texts, labels, cap_indices(split_indices(n, seed), caps, seed), max_bytes,
+                        {"task": "text", "source": "fixture",
+                         "stamp": stamp_of("text-fixture", n, seed, *caps_stamp(caps, seed))})
