@@ -88,11 +88,17 @@ def summarize(curves: dict) -> dict:
         if "standard" in curves:
             row["speedup"] = {k: row["standard"] / row[k] for k in curves if k != "standard" and row[k]}
         table.append(row)
-    gaps = []  # accuracy difference at the evaluations both runs made
+    gaps, loss_gaps, throughput = [], [], None  # differences at the evaluations both runs made
     if {"standard", "flash"} <= curves.keys():
-        flash = {e["step"]: e["mlm_acc"] for e in curves["flash"]["evals"]}
-        gaps = [abs(e["mlm_acc"] - flash[e["step"]]) for e in curves["standard"]["evals"] if e["step"] in flash]
-    return {"levels": table, "max_acc_gap": max(gaps) if gaps else None, "evals_compared": len(gaps)}
+        flash = {e["step"]: e for e in curves["flash"]["evals"]}
+        both = [(e, flash[e["step"]]) for e in curves["standard"]["evals"] if e["step"] in flash]
+        gaps = [abs(s["mlm_acc"] - f["mlm_acc"]) for s, f in both]
+        loss_gaps = [abs(s["mlm_loss"] - f["mlm_loss"]) for s, f in both
+                     if s.get("mlm_loss") is not None and f.get("mlm_loss") is not None]
+        tps = curves["standard"]["tokens_per_s"], curves["flash"]["tokens_per_s"]
+        throughput = tps[1] / tps[0] if all(tps) else None
+    return {"levels": table, "max_acc_gap": max(gaps) if gaps else None, "evals_compared": len(gaps),
+            "max_loss_gap": max(loss_gaps) if loss_gaps else None, "throughput_flash_over_standard": throughput}
 
 
 def markdown(curves: dict, summary: dict, meta: dict, unfinished: list[str]) -> str:
@@ -106,8 +112,13 @@ def markdown(curves: dict, summary: dict, meta: dict, unfinished: list[str]) -> 
         lines.append(f"| {kind} | {c['steps']} | {f(e.get('mlm_acc'), '{:.4f}')} | {f(e.get('mlm_loss'), '{:.3f}')} | "
                      f"{f(e.get('nsp_acc'), '{:.3f}')} | {f(c['tokens_per_s'], '{:,.0f}')} | {c['seconds']:.0f} |")
     if summary["max_acc_gap"] is not None:
-        lines += ["", f"Largest |standard - flash| masked-LM accuracy gap over the {summary['evals_compared']} "
-                      f"evaluations both made: {summary['max_acc_gap']:.4f}."]
+        loss = summary.get("max_loss_gap")
+        lines += ["", f"Largest |standard - flash| gap over the {summary['evals_compared']} evaluations both made: "
+                      f"masked-LM accuracy {summary['max_acc_gap']:.4f}"
+                      + (f", masked-LM loss {loss:.4f}." if loss is not None else ".")]
+    if summary.get("throughput_flash_over_standard"):
+        lines += ["", "Steady-state training throughput (real tokens/s, every logged window but the first), flash over "
+                      f"standard: {summary['throughput_flash_over_standard']:.2f}x."]
     kinds = list(curves)
     others = [k for k in kinds if k != "standard"]
     lines += ["", "Training wall-clock (s) to reach each masked-LM accuracy (every level both runs reached):", "",
@@ -117,6 +128,9 @@ def markdown(curves: dict, summary: dict, meta: dict, unfinished: list[str]) -> 
         sp = [f"{row['speedup'][k]:.2f}x" if row.get("speedup", {}).get(k) else "-" for k in others]
         lines.append(f"| {row['level']:.2f} | " + " | ".join(f"{row[k]:.0f}" for k in kinds) + " | "
                      + " | ".join(sp) + " |")
+    if not summary["levels"]:
+        lines += ["", f"No accuracy level from {LEVELS[0]:.2f} up was reached by every run, so time to accuracy is not "
+                      "measured: the runs need more steps (or a recipe that learns faster)."]
     if unfinished:
         lines += ["", "Not finished within the device budget (rerun the same command to continue):", "",
                   *[f"- `{c}`" for c in unfinished]]
@@ -125,15 +139,20 @@ def markdown(curves: dict, summary: dict, meta: dict, unfinished: list[str]) -> 
 
 def plot(curves: dict, path: Path, meta: dict) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, ax = plt.subplots(1, 3, figsize=(14, 3.8))
     for kind, c in curves.items():
         ev = c["evals"]
         ax[0].plot([e["step"] for e in ev], [e["mlm_acc"] for e in ev], marker=".", label=kind)
         ax[1].plot([e["seconds"] for e in ev], [e["mlm_acc"] for e in ev], marker=".", label=kind)
+        loss = [(e["step"], e["mlm_loss"]) for e in ev if e.get("mlm_loss") is not None]
+        ax[2].plot([s for s, _ in loss], [v for _, v in loss], marker=".", label=kind)
     ax[0].set_xlabel("optimizer step")
     ax[1].set_xlabel("training wall-clock (s)")
-    for a in ax:
+    ax[2].set_xlabel("optimizer step")
+    for a in ax[:2]:
         a.set_ylabel("val masked-LM accuracy")
+    ax[2].set_ylabel("val masked-LM loss")
+    for a in ax:
         a.legend()
     fig.suptitle(f"BERT masked-LM accuracy per attention kind ({meta['gpu']})", fontsize=10)
     fig.tight_layout()

@@ -98,3 +98,35 @@ def test_rows_that_read_other_examples_are_refused():
     bench.check_same_data([_row("hf-sdpa", 1.0, data_stamp="a"), {"row": "hf-eager", "error": "x"}], env)
     with pytest.raises(RuntimeError, match="changed during the run"):
         bench.check_same_data([_row("hf-sdpa", 1.0, data_stamp="a"), _row("ours-flash", 1.0, data_stamp="b")], env)
+
+
+def _curve(accs, losses, tokens_per_s, step_s):
+    evals = [{"step": 100 * (i + 1), "seconds": step_s * 100 * (i + 1), "mlm_acc": a, "mlm_loss": l, "nsp_acc": 0.5}
+             for i, (a, l) in enumerate(zip(accs, losses))]
+    return {"evals": evals, "seconds": evals[-1]["seconds"], "steps": evals[-1]["step"], "tokens_per_s": tokens_per_s}
+
+
+def test_bert_quality_summary_times_levels_and_gaps():
+    import bert_quality as bq
+    curves = {"flash": _curve([0.05, 0.12, 0.21], [7.0, 6.0, 5.0], 200.0, 0.5),
+              "standard": _curve([0.05, 0.11, 0.20], [7.0, 6.1, 5.05], 100.0, 1.0)}
+    summary = bq.summarize(curves)
+    assert [row["level"] for row in summary["levels"]] == [0.10, 0.15, 0.20]
+    first = summary["levels"][0]  # both reach 0.10 at step 200: 100 s flash, 200 s standard
+    assert first["flash"] == 100 and first["standard"] == 200 and first["speedup"]["flash"] == 2.0
+    assert summary["max_acc_gap"] == pytest.approx(0.01) and summary["max_loss_gap"] == pytest.approx(0.1)
+    assert summary["throughput_flash_over_standard"] == 2.0
+    text = bq.markdown(curves, summary, {"gpu": "cpu", "torch": "x", "triton": "x", "cuda": None, "date": "d",
+                                         "command": "c"}, [])
+    assert "masked-LM loss 0.1000" in text and "2.00x" in text and "No accuracy level" not in text
+
+
+def test_bert_quality_says_when_no_level_was_reached():
+    import bert_quality as bq
+    curves = {"flash": _curve([0.064, 0.064], [7.8, 6.8], 200.0, 0.5),
+              "standard": _curve([0.064, 0.064], [7.8, 6.8], 100.0, 1.0)}
+    summary = bq.summarize(curves)
+    assert summary["levels"] == []
+    text = bq.markdown(curves, summary, {"gpu": "cpu", "torch": "x", "triton": "x", "cuda": None, "date": "d",
+                                         "command": "c"}, [])
+    assert "No accuracy level from 0.10 up was reached" in text
