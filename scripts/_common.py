@@ -152,6 +152,14 @@ def run_row(cmd: list[str], name: str, timeout: float) -> dict:
     return row
 
 
+def require_some_rows(rows: list[dict]) -> None:
+    """Stop before writing a table in which every row failed for a reason other than running out of
+    memory (a missing package, a broken checkout): such a run would overwrite a good result with nothing."""
+    if rows and all("error" in r and not r.get("oom") for r in rows):
+        first = rows[0]["error"].strip().splitlines()[-1] if rows[0]["error"].strip() else "?"
+        raise SystemExit(f"every row failed, nothing written (first row: {first})")
+
+
 def pyplot():
     """matplotlib's pyplot on the file-only backend (no display on the benchmark machines)."""
     import matplotlib

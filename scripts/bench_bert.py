@@ -29,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata, run_row, step_timer
+from _common import (markdown_header, rel, rel_arg, repo_path, repo_root, require_some_rows, run_metadata, run_row,
+                     step_timer)
 
 repo_root()
 
@@ -296,6 +297,7 @@ def main():
     from models.bert import BertForPreTraining
     from train.callbacks import detect_peak_flops
 
+    require_some_rows(rows)
     out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.merge and (out / "bench_bert.json").exists():

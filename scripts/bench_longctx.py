@@ -31,7 +31,7 @@ import math
 import sys
 import time
 
-from _common import markdown_header, pyplot, repo_path, repo_root, run_metadata, run_row
+from _common import markdown_header, pyplot, repo_path, repo_root, require_some_rows, run_metadata, run_row
 
 repo_root()
 
@@ -252,6 +252,7 @@ def main(argv=None):
             row.setdefault("seqlen", n)
             row.setdefault("batch", args.batch or max(1, args.tokens // n))
             rows.append(row)
+    require_some_rows(rows)
     out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.merge and (out / "bench_longctx.json").exists():

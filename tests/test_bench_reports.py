@@ -53,3 +53,12 @@ def test_plot_writes_png(tmp_path):
     path = tmp_path / "x.png"
     bench.plot(data, str(path))
     assert path.stat().st_size > 10_000
+
+
+def test_a_run_whose_every_row_failed_writes_nothing():
+    from _common import require_some_rows
+    with pytest.raises(SystemExit, match="every row failed.*No module named 'hydra'"):
+        require_some_rows([{"row": "a", "error": "Traceback ...\nModuleNotFoundError: No module named 'hydra'"},
+                           {"row": "b", "error": "timed out after 5 s"}])
+    require_some_rows([{"row": "a", "error": "CUDA out of memory", "oom": True}, {"row": "b", "error": "x"}])
+    require_some_rows([{"row": "a", "error": "x"}, {"row": "b", "step_ms": 1.0}])
