@@ -48,11 +48,17 @@ class Attention(nn.Module):
             if key_padding_mask is not None:
                 raise ValueError("pass either packed tokens (packed=...) or a padded batch with "
                                  "key_padding_mask, not both")
-            if q.dim() != 3 or q.shape[0] != packed.total:
-                raise ValueError(f"packed q must be (total_tokens={packed.total}, nheads, headdim), got "
-                                 f"{tuple(q.shape)}")
+            _check_packed(q, packed, "q", "(total_tokens={}, nheads, headdim)")
             return self.forward_packed(q, k, v, packed, causal)
         return self.forward_padded(q, k, v, causal, key_padding_mask)
+
+    def forward_qkv(self, qkv: torch.Tensor, causal: bool = False, packed: PackedBatch | None = None):
+        """Self-attention on a fused projection's output viewed per head: qkv (batch, seqlen, 3, nheads,
+        headdim), or (total_tokens, 3, nheads, headdim) with `packed`. The same as
+        self(*qkv.unbind(-3), causal=causal, packed=packed); kinds that take the three at once override it
+        (flash: one gradient tensor for qkv, so the backward stacks nothing)."""
+        q, k, v = qkv.unbind(dim=-3)
+        return self(q, k, v, causal=causal, packed=packed)
 
     def forward_padded(self, q, k, v, causal, key_padding_mask):
         """Default: pack the padded batch (self-attention), run forward_packed, pad the result."""
@@ -73,6 +79,11 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dropout={self.dropout}, softmax_scale={self.softmax_scale}"
+
+
+def _check_packed(x: torch.Tensor, packed: PackedBatch, name: str, layout: str) -> None:
+    if x.dim() != len(layout.split(",")) or x.shape[0] != packed.total:
+        raise ValueError(f"packed {name} must be {layout.format(packed.total)}, got {tuple(x.shape)}")
 
 
 class StandardAttention(Attention):
@@ -124,6 +135,16 @@ class FlashAttention(Attention):
         from kernels.flash import flash_attn_func
 
         return flash_attn_func(q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=causal)
+
+    def forward_qkv(self, qkv, causal=False, packed=None):
+        from kernels.flash import flash_attn_qkvpacked_func, flash_attn_varlen_qkvpacked_func
+
+        if packed is None:
+            return flash_attn_qkvpacked_func(qkv, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
+                                             causal=causal)
+        _check_packed(qkv, packed, "qkv", "(total_tokens={}, 3, nheads, headdim)")
+        return flash_attn_varlen_qkvpacked_func(qkv, packed.cu_seqlens, packed.max_seqlen, dropout_p=self.dropout_p,
+                                                softmax_scale=self.softmax_scale, causal=causal, check_seqlens=False)
 
     def forward_packed(self, q, k, v, packed, causal):
         from kernels.flash import flash_attn_varlen_func

@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from kernels.flash import (
+    _drop_consts,
     LOG2E,
     _block_d,
     _interpreting,
@@ -526,11 +527,6 @@ def _lay_stride(t: torch.Tensor) -> int:
 def _width(table: torch.Tensor) -> int:
     """Power-of-two vector width covering one row of an index table (varlen's _row_reach)."""
     return max(16, 1 << (table.shape[-1] - 1).bit_length())
-
-
-def _drop_consts(dropout_p: float):
-    # The encoding kernels.flash.dropout_keep documents: keep iff 24 random bits >= round(p * 2^24).
-    return int(round(dropout_p * (1 << 24))), 1.0 / (1.0 - dropout_p)
 
 
 def _kernel_tables(layout: BlockSparseLayout, causal: bool, head_dim: int, device, varlen: bool, seqlen_q: int,

@@ -14,8 +14,9 @@ Algorithm
   are fully masked are skipped; only the tiles on the diagonal and at the sequence end pay for masking
   (two loop stages per kernel). A query row that sees no key gets O = 0, LSE = -inf, zero gradient.
 - Dropout is fused: a counter-based Philox4x32-10 stream keyed on a seed drawn from torch's generator on
-  the inputs' device, counter = (key index // 4, query index, batch * nheads + head, 0); its four 32-bit
-  outputs serve four consecutive keys (one Philox call per 4 scores; see `dropout_keep`). Backward
+  the inputs' device, counter = (key index // 8, query index, batch * nheads + head, 0); its four 32-bit
+  outputs give eight 16-bit values for eight consecutive keys (one Philox call per 8 scores, p quantised
+  to 1/65536; see `dropout_keep`). Backward
   regenerates the same mask; no mask is stored. `dropout_keep_mask` returns the kernel's mask for tests.
 - Varlen (packed sequences, cu_seqlens) runs through the same kernels with the VARLEN constexpr.
 
@@ -70,22 +71,24 @@ def dropout_keep(seed, bh, rows, cols, drop_thresh):
     SHARED with kernels/blocksparse.py: keep the signature stable.
     seed: int64 scalar (the value loaded from the seed tensor); bh: batch * nheads + query head;
     rows, cols: int32 index tensors that broadcast against each other (rows[:, None], cols[None, :]
-    gives an (M, N) mask; rows[None, :], cols[:, None] its transpose); drop_thresh: int in [0, 2^24],
-    round(dropout_p * 2^24). The stream: (x0, x1, x2, x3) = Philox4x32-10(key = seed; counter =
-    (cols // 4, rows, bh, 0)); element (row, col) takes x_(col % 4) and is kept iff its top 24 bits
-    are >= drop_thresh, so P(keep) = 1 - dropout_p. Positions are absolute within a sequence, so any
-    tiling, the varlen path and the block-sparse kernel draw the same mask. This element-wise form is
-    the reference (dropout_keep_mask); the kernels use `dropout_keep_tile`, which draws the same bits
-    with one Philox call per four keys instead of one per key.
+    gives an (M, N) mask; rows[None, :], cols[:, None] its transpose); drop_thresh: int in [0, 2^16),
+    round(dropout_p * 2^16). The stream: (x0, x1, x2, x3) = Philox4x32-10(key = seed; counter =
+    (cols // 8, rows, bh, 0)); element (row, col) takes the 16-bit half (col // 4) % 2 (0: low bits,
+    1: high bits) of x_(col % 4) and is kept iff that value is >= drop_thresh, so P(keep) = 1 - p with
+    p quantised to 1/65536. Positions are absolute within a sequence, so any tiling, the varlen path and
+    the block-sparse kernel draw the same mask. This element-wise form is the reference
+    (dropout_keep_mask); the kernels use `dropout_keep_tile`, which draws the same bits with one Philox
+    call per eight keys instead of one per key.
     """
-    c0 = (cols >> 2) + rows * 0
+    c0 = (cols >> 3) + rows * 0
     c1 = rows + cols * 0
     c2 = c0 * 0 + bh
     x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
     lane = (cols & 3) + rows * 0
     r = tl.where(lane == 0, x0, tl.where(lane == 1, x1, tl.where(lane == 2, x2, x3)))
-    r24 = (r >> 8).to(tl.int32)
-    return r24 >= drop_thresh
+    shift = ((cols >> 2) & 1) + rows * 0  # 0: low half, 1: high half
+    r16 = tl.where(shift == 0, r & 0xFFFF, r >> 16).to(tl.int32)
+    return r16 >= drop_thresh
 
 
 @triton.jit
@@ -93,18 +96,30 @@ def dropout_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.conste
     """The (len(rows), BLOCK_N) tile of the `dropout_keep` mask for keys start_col .. start_col + BLOCK_N.
 
     SHARED with kernels/blocksparse.py (through the block steps). rows: 1-D absolute query indices;
-    start_col: a multiple of 4 (every tile start is: tiles are >= 16 wide and aligned); BLOCK_N a
-    multiple of 4. One Philox call per (row, group of 4 keys); its four outputs are interleaved back
-    into key order, so the result equals dropout_keep(seed, bh, rows[:, None], cols[None, :]).
+    start_col: a multiple of 8 (every tile start is: tiles are >= 16 wide and aligned); BLOCK_N a
+    multiple of 8. One Philox call per (row, group of 8 keys): its four 32-bit outputs give eight 16-bit
+    values, interleaved back into key order, so the result equals
+    dropout_keep(seed, bh, rows[:, None], cols[None, :]). Half the Philox work of drawing 24-bit values
+    four keys per call, for p quantised to 1/65536 instead of 1/2^24.
     """
-    g = start_col // 4 + tl.arange(0, BLOCK_N // 4)
+    g = start_col // 8 + tl.arange(0, BLOCK_N // 8)
     c0 = g[None, :] + rows[:, None] * 0
     c1 = rows[:, None] + g[None, :] * 0
     c2 = c0 * 0 + bh
     x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
-    # interleave(interleave(x0, x2), interleave(x1, x3)) = x0, x1, x2, x3, x0, x1, ... along keys.
-    r = tl.interleave(tl.interleave(x0, x2), tl.interleave(x1, x3))
-    return (r >> 8).to(tl.int32) >= drop_thresh
+    # Keys 8j .. 8j+7 take x0 lo, x1 lo, x2 lo, x3 lo, x0 hi, x1 hi, x2 hi, x3 hi. Compared as 16-bit
+    # values first, then interleaved as int8 (a quarter of the bytes to shuffle): for eight lanes v0..v7,
+    # interleave(I(v0, v2, v4, v6), I(v1, v3, v5, v7)) with I(a, b, c, d) = interleave(interleave(a, c),
+    # interleave(b, d)) puts them back in order.
+    k0 = tl.interleave(((x0 & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8),
+                       ((x0 >> 16).to(tl.int32) >= drop_thresh).to(tl.int8))
+    k1 = tl.interleave(((x1 & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8),
+                       ((x1 >> 16).to(tl.int32) >= drop_thresh).to(tl.int8))
+    k2 = tl.interleave(((x2 & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8),
+                       ((x2 >> 16).to(tl.int32) >= drop_thresh).to(tl.int8))
+    k3 = tl.interleave(((x3 & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8),
+                       ((x3 >> 16).to(tl.int32) >= drop_thresh).to(tl.int8))
+    return tl.interleave(tl.interleave(k0, k2), tl.interleave(k1, k3)) != 0
 
 
 @triton.jit
@@ -229,7 +244,7 @@ def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, str
         pT = tl.where(cols[:, None] <= rows[None, :] + diag_offset, pT, 0.0)
     dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
     if HAS_DROPOUT:
-        # Draw in the (query, key) orientation (four keys per Philox call), then transpose (as int8:
+        # Draw in the (query, key) orientation (eight keys per Philox call), then transpose (as int8:
         # a layout shuffle through shared memory, cheaper than three more Philox calls per element).
         keep = dropout_keep_tile(seed, bh, rows, tl.min(cols, 0), drop_thresh, cols.shape[0])
         keepT = tl.trans(keep.to(tl.int8)) != 0
@@ -733,7 +748,12 @@ def draw_dropout_seed(device) -> torch.Tensor:
 
 
 def _drop_consts(dropout_p: float):
-    return int(round(dropout_p * (1 << 24))), 1.0 / (1.0 - dropout_p)
+    """(the kernels' 16-bit threshold, the 1 / (1 - p) scale of kept values)."""
+    thresh = int(round(dropout_p * (1 << 16)))
+    if thresh >= 1 << 16:
+        raise ValueError(f"dropout_p {dropout_p} rounds to 1 at the kernels' 16-bit resolution (every score "
+                         "dropped); use p <= 1 - 2^-16")
+    return thresh, 1.0 / (1.0 - dropout_p)
 
 
 def dropout_keep_mask(seed: torch.Tensor, batch: int, nheads: int, seqlen_q: int, seqlen_k: int,
@@ -817,9 +837,10 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
 
 
 def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k,
-               delta=None, grad_dtype=None):
+               delta=None, grad_dtype=None, out=None):
     # delta: rowsum(dO * O) computed by the caller (then o is unused; it must share lse's strides);
     # grad_dtype: the kernels store dQ/dK/dV in the dtype of their buffers. Both for kernels/ring.py.
+    # out: (dq, dk, dv) buffers to write into (views of one packed dqkv), else fresh ones.
     nheads, headdim = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
@@ -830,9 +851,12 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     slb, slh = lse_strides(lse, varlen)
     if delta is None:
         delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
-    dq = torch.empty(q.shape, dtype=grad_dtype or q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=grad_dtype or k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=grad_dtype or v.dtype, device=v.device)
+    if out is not None:
+        dq, dk, dv = out
+    else:
+        dq = torch.empty(q.shape, dtype=grad_dtype or q.dtype, device=q.device)
+        dk = torch.empty(k.shape, dtype=grad_dtype or k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=grad_dtype or v.dtype, device=v.device)
     thresh, drop_scale = _drop_consts(dropout_p)
     cu_q_arg = cu_q if varlen else lse
     cu_k_arg = cu_k if varlen else lse
@@ -929,6 +953,31 @@ class _EagerFlash(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
+class _EagerFlashQKV(torch.autograd.Function):
+    """Self-attention on the fused projection's output, qkv (..., 3, nheads, headdim): the backward writes
+    dQ, dK, dV into one (..., 3, nheads, headdim) gradient, so autograd never stacks three separate ones
+    (a copy of the whole projection output per layer, which the unbound q, k, v would cost)."""
+
+    @staticmethod
+    def forward(ctx, qkv, cu, max_s, softmax_scale, causal, dropout_p):
+        q, k, v = qkv.unbind(dim=-3)
+        o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s)
+        ctx.save_for_backward(qkv, o, lse, seed, cu)
+        ctx.args = (max_s, softmax_scale, causal, dropout_p)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        qkv, o, lse, seed, cu = ctx.saved_tensors
+        max_s, softmax_scale, causal, dropout_p = ctx.args
+        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+        q, k, v = qkv.unbind(dim=-3)
+        _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s,
+                   out=dqkv.unbind(dim=-3))
+        return dqkv, None, None, None, None, None
+
+
 def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
     """(out, base-2 LSE): the custom op under torch.compile, the plain autograd Function in eager mode."""
     if torch.compiler.is_compiling():
@@ -976,6 +1025,46 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, _public_lse(lse)) if return_lse else out
 
 
+def _check_qkv(qkv, varlen: bool):
+    rank = 4 if varlen else 5
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != rank or qkv.shape[-3] != 3:
+        layout = "(total, 3, nheads, headdim)" if varlen else "(batch, seqlen, 3, nheads, headdim)"
+        raise ValueError(f"qkv must be {layout}, got {tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else qkv!r}")
+    if qkv.stride(-1) != 1:
+        raise ValueError("qkv's head dim must be contiguous (the view of a fused projection's output is)")
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False):
+    """Self-attention on packed projections: qkv (batch, seqlen, 3, nheads, headdim) -> (batch, seqlen, nheads,
+    headdim). The same result as flash_attn_func(*qkv.unbind(2)); its gradient is one tensor shaped like qkv."""
+    _check_qkv(qkv, False)
+    q, k, v = qkv.unbind(dim=2)
+    if torch.compiler.is_compiling():  # the custom ops; the compiler fuses the gradients' stack itself
+        return flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal)
+    check_inputs(q, k, v, dropout_p=dropout_p)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(qkv.shape[-1])
+    out, _ = _EagerFlashQKV.apply(qkv, None, qkv.shape[1], float(scale), bool(causal), float(dropout_p))
+    return out
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: float = 0.0,
+                                     softmax_scale: float | None = None, causal: bool = False,
+                                     check_seqlens: bool = True):
+    """flash_attn_varlen_func for self-attention on packed projections: qkv (total, 3, nheads, headdim) ->
+    (total, nheads, headdim), its gradient one tensor shaped like qkv."""
+    _check_qkv(qkv, True)
+    q, k, v = qkv.unbind(dim=1)
+    if torch.compiler.is_compiling():
+        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p,
+                                      softmax_scale=softmax_scale, causal=causal, check_seqlens=check_seqlens)
+    check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens if check_seqlens else None,
+                 cu_seqlens_k=cu_seqlens if check_seqlens else None, max_seqlen_q=max_seqlen,
+                 max_seqlen_k=max_seqlen, dropout_p=dropout_p)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(qkv.shape[-1])
+    out, _ = _EagerFlashQKV.apply(qkv, cu_seqlens, int(max_seqlen), float(scale), bool(causal), float(dropout_p))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------
 # One block of a larger attention, for kernels/ring.py: no autograd (the ring has its own Function), the
 # output and gradients stored in float32 so that partial results add up without a rounding per block,
@@ -1004,5 +1093,6 @@ def flash_block_bwd(do, q, k, v, lse, delta, softmax_scale: float, causal: bool)
     return dq, dk, dv
 
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "dropout_keep_mask", "draw_dropout_seed", "check_inputs",
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "dropout_keep_mask", "draw_dropout_seed", "check_inputs",
            "bwd_preprocess"]

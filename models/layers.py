@@ -93,8 +93,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, causal: bool = False, packed: PackedBatch | None = None) -> torch.Tensor:
         *lead, dim = x.shape
-        q, k, v = self.qkv(x).view(*lead, 3, self.n_head, dim // self.n_head).unbind(dim=-3)
-        return self.out(self.core(q, k, v, causal=causal, packed=packed).reshape(*lead, dim))
+        qkv = self.qkv(x).view(*lead, 3, self.n_head, dim // self.n_head)
+        return self.out(self.core.forward_qkv(qkv, causal=causal, packed=packed).reshape(*lead, dim))
 
 
 class MLP(nn.Module):

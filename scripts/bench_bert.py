@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (markdown_header, rel, rel_arg, repo_path, repo_root, require_some_rows, run_metadata, run_row,
-                     step_timer)
+from _common import (StepProfile, markdown_header, profile_markdown, rel, rel_arg, repo_path, repo_root,
+                     require_some_rows, run_metadata, run_row, step_profiler, step_timer)
 
 repo_root()
 
@@ -133,10 +133,15 @@ def run_hf(args, attn_impl: str, compile_: bool) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     loss, t0 = None, None
-    for step, batch in enumerate(datamodule(args, total * args.batch).train_dataloader()):
+    prof = StepProfile(args.profile)
+    for step, batch in enumerate(datamodule(args, (total + args.profile) * args.batch).train_dataloader()):
         if step == args.warmup:
             sync()
             t0 = time.perf_counter()
+        if step == total:
+            sync()
+            t1 = time.perf_counter()
+            prof.start()
         batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
         labels = torch.full_like(batch["input_ids"], -100)
         valid = batch["mlm_labels"] != -100
@@ -152,8 +157,12 @@ def run_hf(args, attn_impl: str, compile_: bool) -> dict:
         opt.zero_grad(set_to_none=True)
         loss = out.loss
     sync()
-    dt = time.perf_counter() - t0
-    return {"seconds": dt, "loss": float(loss.detach()), "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0}
+    if args.profile:
+        prof.stop()
+    else:
+        t1 = time.perf_counter()
+    return {"seconds": t1 - t0, "loss": float(loss.detach()), "profile": prof.summary,
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0}
 
 
 def run_ours(args, attn: str, compile_: bool) -> dict:
@@ -167,7 +176,7 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
     sizes = [f"model.{k}={v}" for k, v in bert_sizes(args).items() if k != "max_positions"]
     overrides = [
         "experiment=bert/large-mlperf", f"attn={attn}", f"compile={str(compile_).lower()}", *data_overrides(args),
-        *sizes, "global_batch_size=null", f"trainer.max_steps={total}", "trainer.limit_val_batches=0",
+        *sizes, "global_batch_size=null", f"trainer.max_steps={total + args.profile}", "trainer.limit_val_batches=0",
         "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
         f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}",
@@ -178,9 +187,10 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
     cfg = compose_config(overrides)
     datamodule_, task, trainer = build(cfg)
     timer = step_timer(args.warmup, total)
-    trainer.callbacks.append(timer)
+    profiler = step_profiler(total, total + args.profile)
+    trainer.callbacks += [timer, profiler] if args.profile else [timer]
     trainer.fit(task, datamodule=datamodule_)
-    return {"seconds": timer.t1 - timer.t0, "loss": timer.loss,
+    return {"seconds": timer.t1 - timer.t0, "loss": timer.loss, "profile": profiler.profile.summary,
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
             "overrides": [rel_arg(o) for o in overrides]}
 
@@ -269,6 +279,9 @@ def main():
     ap.add_argument("--data-dir", default=None, help="prepared BERT examples (default data/cache/bert/embedded-<seq-len>)")
     ap.add_argument("--data-source", default="embedded", choices=["embedded", "corpus", "wikipedia"])
     ap.add_argument("--row-timeout", type=int, default=300)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the timed steps, profile N more (torch.profiler) and add a table of where a "
+                         "step's time goes (kernel categories, GPU-busy vs wall, top kernels and host ops)")
     ap.add_argument("--workdir", default="outputs/bench_bert", help="scratch output of the ours-* rows")
     ap.add_argument("--out", default="results/bert")
     ap.add_argument("--merge", action="store_true",
@@ -291,7 +304,7 @@ def main():
         cmd = [sys.executable, __file__, "--row", name, "--model", args.model, "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
                "--seed", str(args.seed), "--data-dir", args.data_dir, "--data-source", args.data_source,
-               "--workdir", args.workdir]
+               "--workdir", args.workdir, "--profile", str(args.profile)]
         rows.append(run_row(cmd, name, args.row_timeout))
 
     from models.bert import BertForPreTraining
@@ -306,7 +319,7 @@ def main():
     ref = BertForPreTraining(**bert_sizes(args))
     derive(rows, detect_peak_flops(), lambda r: ref.flops(r["real_tokens"], r["sum_sq_len"]))
     (out / "bench_bert.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
-    md = markdown(rows, env)
+    md = markdown(rows, env) + "\n".join(profile_markdown(rows) + [""])
     (out / "bench_bert.md").write_text(md)
     print(md)
 

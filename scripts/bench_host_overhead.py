@@ -80,6 +80,21 @@ def providers():
     }
 
 
+def cprofile(fn, inputs, calls: int = 500):
+    import cProfile
+    import pstats
+
+    host_us(lambda: fn(*inputs).sum().backward(), calls=20, repeats=1)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn(*inputs).sum().backward()
+    torch.cuda.synchronize()
+    prof.disable()
+    print(f"cProfile of {calls} fwd+bwd calls (cumulative seconds / {calls} = per call):")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
 def first_call_child():
     """One BERT-shape varlen forward + backward in this (new) process; prints the seconds it took."""
     from kernels.flash import flash_attn_varlen_func
@@ -131,11 +146,16 @@ def main():
     ap.add_argument("--out", default="results/attention")
     ap.add_argument("--first-call", action="store_true", help="also time a new process's first call")
     ap.add_argument("--first-call-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cprofile", default=None, metavar="PROVIDER",
+                    help="print where the host time of PROVIDER's fwd+bwd goes (cProfile, top functions by own "
+                         "time) and stop")
     args = ap.parse_args()
     if args.first_call_child:
         return first_call_child()
     if not torch.cuda.is_available():
         raise SystemExit("bench_host_overhead.py measures CUDA launches: it needs a GPU")
+    if args.cprofile:
+        return cprofile(*providers()[args.cprofile])
     rows = []
     for name, (fn, inputs) in providers().items():
         fwd = host_us(lambda: fn(*inputs))

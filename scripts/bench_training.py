@@ -23,7 +23,8 @@ import json
 import sys
 import time
 
-from _common import markdown_header, rel, rel_arg, repo_path, repo_root, run_metadata, run_row, step_timer
+from _common import (StepProfile, markdown_header, profile_markdown, rel, rel_arg, repo_path, repo_root, run_metadata,
+                     run_row, step_profiler, step_timer)
 
 repo_root()
 
@@ -51,7 +52,8 @@ def run_hf(args, attn_impl: str) -> dict:
     model = model.to(dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda or None)
     total = args.warmup + args.steps
-    ds = _windows(args.data_dir, args.seq_len, total * args.batch, args.seed)
+    prof = StepProfile(args.profile)
+    ds = _windows(args.data_dir, args.seq_len, (total + args.profile) * args.batch, args.seed)
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch, num_workers=2, pin_memory=cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
@@ -61,6 +63,10 @@ def run_hf(args, attn_impl: str) -> dict:
         if step == args.warmup:
             sync()
             t0 = time.perf_counter()
+        if step == total:
+            sync()
+            t1 = time.perf_counter()
+            prof.start()
         batch = batch.to(dev, non_blocking=True)
         x = batch[:, :-1]
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
@@ -71,9 +77,12 @@ def run_hf(args, attn_impl: str) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
     sync()
-    dt = time.perf_counter() - t0
+    if args.profile:
+        prof.stop()
+    else:
+        t1 = time.perf_counter()
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-    return {"seconds": dt, "loss": float(loss), "peak_mem_gib": peak}
+    return {"seconds": t1 - t0, "loss": float(loss), "peak_mem_gib": peak, "profile": prof.summary}
 
 
 def run_ours(args, attn: str, compile_: bool) -> dict:
@@ -90,7 +99,7 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
     overrides = [
         "model=gpt2", f"attn={attn}", f"compile={str(compile_).lower()}", f"seed={args.seed}",
         f"model.n_positions={args.seq_len}", f"data.batch_size={args.batch}", f"data.source={args.data_source}",
-        f"data.data_dir={args.data_dir}", "data.num_workers=2", f"trainer.max_steps={total}",
+        f"data.data_dir={args.data_dir}", "data.num_workers=2", f"trainer.max_steps={total + args.profile}",
         "trainer.limit_val_batches=0", "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
         f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}",
@@ -100,11 +109,12 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
         cfg = compose("config", overrides=overrides)
     datamodule, task, trainer = build(cfg)
     timer = step_timer(args.warmup, total)
-    trainer.callbacks.append(timer)
+    profiler = step_profiler(total, total + args.profile)
+    trainer.callbacks += [timer, profiler] if args.profile else [timer]
     trainer.fit(task, datamodule=datamodule)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     return {"seconds": timer.t1 - timer.t0, "loss": timer.loss, "peak_mem_gib": peak,
-            "overrides": [rel_arg(o) for o in overrides]}
+            "overrides": [rel_arg(o) for o in overrides], "profile": profiler.profile.summary}
 
 
 def one_row(args) -> dict:
@@ -138,6 +148,9 @@ def main():
     ap.add_argument("--data-dir", default="data/cache/embedded", help="prepared train.bin/val.bin folder")
     ap.add_argument("--data-source", default="embedded", choices=["embedded", "corpus", "openwebtext"])
     ap.add_argument("--row-timeout", type=int, default=240)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the timed steps, profile N more (torch.profiler) and add a table of where a "
+                         "step's time goes (kernel categories, GPU-busy vs wall, top kernels and host ops)")
     ap.add_argument("--workdir", default="outputs/bench_training", help="scratch output of the ours-* rows")
     ap.add_argument("--out", default="results/training")
     args = ap.parse_args()
@@ -156,7 +169,8 @@ def main():
     for name in args.rows.split(","):
         cmd = [sys.executable, __file__, "--row", name, "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--seed", str(args.seed),
-               "--data-dir", args.data_dir, "--data-source", args.data_source, "--workdir", args.workdir]
+               "--data-dir", args.data_dir, "--data-source", args.data_source, "--workdir", args.workdir,
+               "--profile", str(args.profile)]
         rows.append(run_row(cmd, name, args.row_timeout))
 
     out = repo_path(args.out)
@@ -178,6 +192,7 @@ def main():
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
         md.append(f"| {r['row']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {ratio} | {mfu} | "
                   f"{r['peak_mem_gib']:.1f} | {r['loss']:.3f} |")
+    md += profile_markdown(rows)
     (out / "bench_training.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

