@@ -121,7 +121,7 @@ def finished(metrics: Path, max_steps: int | None) -> bool:
     if max_steps is None or not metrics.exists():
         return False
     ppl = read_metrics(metrics).get("val/ppl", [])
-    return bool(ppl) and max(s for s, _ in ppl) >= max_steps
+    return bool(ppl) and max(s for s, _ in ppl) >= max_steps - 1  # logged at the 0-based index of the last step
 
 
 def parity(rows, tol: float) -> list[str]:
@@ -173,8 +173,13 @@ def write_table(rows, out, name, env, tol: float = 0.01):
         f = lambda k, fmt: (fmt.format(r[k]) if k in r else "-")  # noqa: E731
         sp = f"{r['tokens_per_s'] / base:.2f}x" if base and "tokens_per_s" in r else "-"
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
-        md.append(f"| {r['attn']} | {f('tokens_per_s', '{:,.0f}')} | {f('step_time_ms', '{:.1f}')} | {sp} | {mfu} "
+        name = f"{r['attn']} (earlier call)" if r.get("reused") else r["attn"]
+        md.append(f"| {name} | {f('tokens_per_s', '{:,.0f}')} | {f('step_time_ms', '{:.1f}')} | {sp} | {mfu} "
                   f"| {f('peak_mem_gib', '{:.2f}')} | {f('val/ppl', '{:.2f}')} |")
+    if any(r.get("reused") for r in rows):
+        md += ["", "(earlier call): a finished run kept by --reuse from an earlier invocation; its speed was measured "
+                   "in another process and possibly another GPU session, so speed ratios across such rows are not "
+                   "same-run measurements."]
     md += parity(rows, tol)
     (out / f"{name}.md").write_text("\n".join(md) + "\n")
     (out / f"{name}.json").write_text(json.dumps(

@@ -99,4 +99,5 @@ def test_compare_attention_parity_and_reuse(tmp_path):
     assert "flash vs standard: largest gap 0.50% over 2 evaluations (tolerance 1.0%): PASS" in text
     assert "sdpa vs standard: largest gap 2.00% over 1 evaluations (tolerance 1.0%): MISS" in text
     assert "| 200 | 100.00 | 100.50 (+0.50%) | - |" in text
-    assert finished(ref_path, 200) and not finished(far_path, 200) and not finished(ref_path, None)
+    assert finished(ref_path, 200) and finished(ref_path, 201) and not finished(far_path, 200)
+    assert not finished(ref_path, 202) and not finished(ref_path, None)
