@@ -77,7 +77,7 @@ def main(argv=None):
     ap.add_argument("--parity-tol", type=float, default=0.01,
                     help="largest relative val/ppl gap to the first kind, at any evaluation, that passes")
     args, overrides = ap.parse_known_args(argv)
-    max_steps = next((int(o.split("=", 1)[1]) for o in overrides if o.startswith("trainer.max_steps=")), None)
+    max_steps = configured_max_steps(overrides) if args.reuse else None
     out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -114,6 +114,19 @@ def main(argv=None):
 
     plot(rows, out / f"{args.name}.png", env)
     print("\n".join(md))
+
+
+def configured_max_steps(overrides: list[str]) -> int | None:
+    """trainer.max_steps of the composed run config (the experiment's, or an override's)."""
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[o for o in overrides if not o.startswith("hydra.")])
+    steps = cfg.trainer.get("max_steps")
+    return int(steps) if steps is not None and int(steps) > 0 else None
 
 
 def finished(metrics: Path, max_steps: int | None) -> bool:

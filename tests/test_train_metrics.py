@@ -83,7 +83,7 @@ def test_compare_attention_parity_and_reuse(tmp_path):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from compare_attention import finished, parity, read_metrics
+    from compare_attention import configured_max_steps, finished, parity, read_metrics
 
     def run(name, ppls):
         path = tmp_path / name / "metrics.csv"
@@ -101,3 +101,6 @@ def test_compare_attention_parity_and_reuse(tmp_path):
     assert "| 200 | 100.00 | 100.50 (+0.50%) | - |" in text
     assert finished(ref_path, 200) and finished(ref_path, 201) and not finished(far_path, 200)
     assert not finished(ref_path, 202) and not finished(ref_path, None)
+    # --reuse reads max_steps from the composed config: the experiment's, or an override's
+    assert configured_max_steps(["experiment=gpt2/small-parity"]) == 1500
+    assert configured_max_steps(["experiment=gpt2/small-parity", "trainer.max_steps=20"]) == 20
