@@ -186,8 +186,8 @@ def write_table(rows, out, name, env, tol: float = 0.01):
         f = lambda k, fmt: (fmt.format(r[k]) if k in r else "-")  # noqa: E731
         sp = f"{r['tokens_per_s'] / base:.2f}x" if base and "tokens_per_s" in r else "-"
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
-        name = f"{r['attn']} (earlier call)" if r.get("reused") else r["attn"]
-        md.append(f"| {name} | {f('tokens_per_s', '{:,.0f}')} | {f('step_time_ms', '{:.1f}')} | {sp} | {mfu} "
+        label = f"{r['attn']} (earlier call)" if r.get("reused") else r["attn"]
+        md.append(f"| {label} | {f('tokens_per_s', '{:,.0f}')} | {f('step_time_ms', '{:.1f}')} | {sp} | {mfu} "
                   f"| {f('peak_mem_gib', '{:.2f}')} | {f('val/ppl', '{:.2f}')} |")
     if any(r.get("reused") for r in rows):
         md += ["", "(earlier call): a finished run kept by --reuse from an earlier invocation; its speed was measured "

@@ -61,7 +61,9 @@ def check_against_reference(q, k, v, causal, dropout_mask=None, dropout_p=0.0, s
     # bounds theirs runs its float32 matmuls in tf32 too; under the interpreter both are plain float32.
     with _tf32(q.is_cuda and q.dtype == torch.float32):
         base, base_grads = _run(standard_attention, q, k, v, do, **ref_kw)
-    floor = FLOOR[q.dtype]
+    # tf32 rounds the dots' operands to fp16's 10-bit mantissa, which no float32 baseline error shows where
+    # PyTorch is exact (a single key: out = v), so float32 on the GPU takes float16's floor.
+    floor = FLOOR[torch.float16 if q.is_cuda and q.dtype == torch.float32 else q.dtype]
     assert not torch.isnan(out).any()
     assert _maxerr(out, ref) <= 2 * _maxerr(base, ref) + floor, (_maxerr(out, ref), _maxerr(base, ref))
     for name, g, rg, bg in zip("qkv", grads, ref_grads, base_grads):
