@@ -43,6 +43,7 @@ def main():
 
     import kernels.flash as fl
 
+    meta = run_metadata()  # before the script pins FLASH_AUTOTUNE itself (the command records FLASH_* settings)
     b, n, h, d = args.shape
     dt = getattr(torch, args.dtype)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -99,7 +100,6 @@ def main():
         defaults[kind] = cfg
 
     flops = 4 * b * h * n * n * d / (2 if causal else 1)
-    meta = run_metadata()
     title = f"Flash kernel configs at B {b}, N {n}, H {h}, D {d}, {'causal' if causal else 'non-causal'}, dropout {p}"
     lines = markdown_header(title, meta) + [
         "GPU time only (CUDA-graph replays, median). fwd: the forward kernel; dkdv / dq: the backward's two "
