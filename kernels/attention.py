@@ -48,7 +48,7 @@ class Attention(nn.Module):
             if key_padding_mask is not None:
                 raise ValueError("pass either packed tokens (packed=...) or a padded batch with "
                                  "key_padding_mask, not both")
-            _check_packed(q, packed, "q", "(total_tokens={}, nheads, headdim)")
+            _check_packed(q, packed, "q", ("nheads", "headdim"))
             return self.forward_packed(q, k, v, packed, causal)
         return self.forward_padded(q, k, v, causal, key_padding_mask)
 
@@ -81,9 +81,10 @@ class Attention(nn.Module):
         return f"dropout={self.dropout}, softmax_scale={self.softmax_scale}"
 
 
-def _check_packed(x: torch.Tensor, packed: PackedBatch, name: str, layout: str) -> None:
-    if x.dim() != len(layout.split(",")) or x.shape[0] != packed.total:
-        raise ValueError(f"packed {name} must be {layout.format(packed.total)}, got {tuple(x.shape)}")
+def _check_packed(x: torch.Tensor, packed: PackedBatch, name: str, dims: tuple[str, ...]) -> None:
+    """x must be (packed.total, *dims): the packed tokens first, then `dims` (named in the error)."""
+    if x.dim() != 1 + len(dims) or x.shape[0] != packed.total:
+        raise ValueError(f"packed {name} must be (total_tokens={packed.total}, {', '.join(dims)}), got {tuple(x.shape)}")
 
 
 class StandardAttention(Attention):
@@ -142,7 +143,7 @@ class FlashAttention(Attention):
         if packed is None:
             return flash_attn_qkvpacked_func(qkv, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
                                              causal=causal)
-        _check_packed(qkv, packed, "qkv", "(total_tokens={}, 3, nheads, headdim)")
+        _check_packed(qkv, packed, "qkv", ("3", "nheads", "headdim"))
         return flash_attn_varlen_qkvpacked_func(qkv, packed.cu_seqlens, packed.max_seqlen, dropout_p=self.dropout_p,
                                                 softmax_scale=self.softmax_scale, causal=causal, check_seqlens=False)
 

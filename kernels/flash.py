@@ -111,15 +111,17 @@ def dropout_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.conste
     # values first, then interleaved as int8 (a quarter of the bytes to shuffle): for eight lanes v0..v7,
     # interleave(I(v0, v2, v4, v6), I(v1, v3, v5, v7)) with I(a, b, c, d) = interleave(interleave(a, c),
     # interleave(b, d)) puts them back in order.
-    k0 = tl.interleave(((x0 & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8),
-                       ((x0 >> 16).to(tl.int32) >= drop_thresh).to(tl.int8))
-    k1 = tl.interleave(((x1 & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8),
-                       ((x1 >> 16).to(tl.int32) >= drop_thresh).to(tl.int8))
-    k2 = tl.interleave(((x2 & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8),
-                       ((x2 >> 16).to(tl.int32) >= drop_thresh).to(tl.int8))
-    k3 = tl.interleave(((x3 & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8),
-                       ((x3 >> 16).to(tl.int32) >= drop_thresh).to(tl.int8))
+    k0, k1 = _keep_halves(x0, drop_thresh), _keep_halves(x1, drop_thresh)
+    k2, k3 = _keep_halves(x2, drop_thresh), _keep_halves(x3, drop_thresh)
     return tl.interleave(tl.interleave(k0, k2), tl.interleave(k1, k3)) != 0
+
+
+@triton.jit
+def _keep_halves(x, drop_thresh):
+    """int8 keep flags of a Philox output's low and high 16-bit halves, interleaved (lo, hi, lo, hi, ...)."""
+    lo = ((x & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8)
+    hi = ((x >> 16).to(tl.int32) >= drop_thresh).to(tl.int8)
+    return tl.interleave(lo, hi)
 
 
 @triton.jit
@@ -986,6 +988,10 @@ def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout
     return _EagerFlash.apply(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
 
 
+def _softmax_scale(softmax_scale: float | None, headdim: int) -> float:
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(headdim)
+
+
 def _public_lse(lse2: torch.Tensor) -> torch.Tensor:
     return lse2 * LN2  # the kernels keep the log-sum-exp in base 2
 
@@ -999,7 +1005,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     causal is bottom-right aligned. softmax_scale defaults to 1/sqrt(headdim).
     """
     check_inputs(q, k, v, dropout_p=dropout_p)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = _softmax_scale(softmax_scale, q.shape[-1])
     q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
     out, lse = _attention(q, k, v, None, None, q.shape[1], k.shape[1], float(scale), bool(causal), float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
@@ -1018,7 +1024,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q if check_seqlens else None,
                  cu_seqlens_k=cu_seqlens_k if check_seqlens else None, max_seqlen_q=max_seqlen_q,
                  max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = _softmax_scale(softmax_scale, q.shape[-1])
     q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
     out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(scale),
                           bool(causal), float(dropout_p))
@@ -1042,7 +1048,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: float 
     if torch.compiler.is_compiling():  # the custom ops; the compiler fuses the gradients' stack itself
         return flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal)
     check_inputs(q, k, v, dropout_p=dropout_p)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(qkv.shape[-1])
+    scale = _softmax_scale(softmax_scale, qkv.shape[-1])
     out, _ = _EagerFlashQKV.apply(qkv, None, qkv.shape[1], float(scale), bool(causal), float(dropout_p))
     return out
 
@@ -1060,7 +1066,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: flo
     check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens if check_seqlens else None,
                  cu_seqlens_k=cu_seqlens if check_seqlens else None, max_seqlen_q=max_seqlen,
                  max_seqlen_k=max_seqlen, dropout_p=dropout_p)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(qkv.shape[-1])
+    scale = _softmax_scale(softmax_scale, qkv.shape[-1])
     out, _ = _EagerFlashQKV.apply(qkv, cu_seqlens, int(max_seqlen), float(scale), bool(causal), float(dropout_p))
     return out
 

@@ -225,6 +225,8 @@ class StepProfile:
         self.steps, self.summary, self._prof = steps, None, None
 
     def start(self):
+        import time
+
         import torch
         from torch.profiler import ProfilerActivity, profile
 
@@ -232,7 +234,7 @@ class StepProfile:
         torch.cuda.is_available() and torch.cuda.synchronize()
         self._prof = profile(activities=acts)
         self._prof.__enter__()
-        self._t0 = __import__("time").perf_counter()
+        self._t0 = time.perf_counter()
 
     def stop(self):
         import time
@@ -243,6 +245,45 @@ class StepProfile:
         wall = time.perf_counter() - self._t0
         self._prof.__exit__(None, None, None)
         self.summary = profile_summary(self._prof, self.steps, wall)
+
+
+class LoopTimer:
+    """Times steps warmup .. total of a hand-written training loop (a device sync at both ends), then
+    profiles `profile` more steps (StepProfile). Call .at(step) at the top of every step, .end() after the
+    loop; then .seconds and .summary (None without profiling)."""
+
+    def __init__(self, warmup: int, total: int, profile: int = 0):
+        self.warmup, self.total, self.profile = warmup, total, StepProfile(profile) if profile else None
+        self.t0 = self.t1 = None
+
+    def _now(self) -> float:
+        import time
+
+        import torch
+
+        torch.cuda.is_available() and torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def at(self, step: int) -> None:
+        if step == self.warmup:
+            self.t0 = self._now()
+        if step == self.total and self.profile:
+            self.t1 = self._now()
+            self.profile.start()
+
+    def end(self) -> None:
+        if self.profile:
+            self.profile.stop()
+        else:
+            self.t1 = self._now()
+
+    @property
+    def seconds(self) -> float:
+        return self.t1 - self.t0
+
+    @property
+    def summary(self) -> dict | None:
+        return self.profile.summary if self.profile else None
 
 
 def profile_summary(prof, steps: int, wall_s: float, top: int = 15) -> dict:
@@ -264,7 +305,8 @@ def profile_summary(prof, steps: int, wall_s: float, top: int = 15) -> dict:
             end = t
     cats: dict[str, float] = {}
     for name, us in by_name.items():
-        cats[kernel_category(name)] = cats.get(kernel_category(name), 0.0) + us
+        cat = kernel_category(name)
+        cats[cat] = cats.get(cat, 0.0) + us
     per = 1e-3 / steps  # us over the window -> ms per step
     host = sorted(((a.key, a.self_cpu_time_total) for a in prof.key_averages()), key=lambda x: -x[1])[:top]
     return {
@@ -281,7 +323,8 @@ def step_profiler(start: int, stop: int):
     import lightning as L
 
     class _Cb(L.Callback):
-        profile = StepProfile(stop - start)
+        def __init__(self):
+            self.profile = StepProfile(stop - start)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if trainer.global_step == start and self.profile._prof is None:

@@ -26,10 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
-from _common import (StepProfile, markdown_header, profile_markdown, rel, rel_arg, repo_path, repo_root,
+from _common import (LoopTimer, markdown_header, profile_markdown, rel, rel_arg, repo_path, repo_root,
                      require_some_rows, run_metadata, run_row, step_profiler, step_timer)
 
 repo_root()
@@ -129,19 +128,12 @@ def run_hf(args, attn_impl: str, compile_: bool) -> dict:
     opt = Lamb(param_groups(model, no_decay_names(model)), lr=3.5e-4, betas=(0.9, 0.999), weight_decay=0.01, eps=1e-6)
     fwd = torch.compile(model) if compile_ else model
     total = args.warmup + args.steps
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    loss, t0 = None, None
-    prof = StepProfile(args.profile)
+    loss = None
+    timer = LoopTimer(args.warmup, total, args.profile)
     for step, batch in enumerate(datamodule(args, (total + args.profile) * args.batch).train_dataloader()):
-        if step == args.warmup:
-            sync()
-            t0 = time.perf_counter()
-        if step == total:
-            sync()
-            t1 = time.perf_counter()
-            prof.start()
+        timer.at(step)
         batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
         labels = torch.full_like(batch["input_ids"], -100)
         valid = batch["mlm_labels"] != -100
@@ -156,12 +148,8 @@ def run_hf(args, attn_impl: str, compile_: bool) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss = out.loss
-    sync()
-    if args.profile:
-        prof.stop()
-    else:
-        t1 = time.perf_counter()
-    return {"seconds": t1 - t0, "loss": float(loss.detach()), "profile": prof.summary,
+    timer.end()
+    return {"seconds": timer.seconds, "loss": float(loss.detach()), "profile": timer.summary,
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0}
 
 

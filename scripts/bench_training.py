@@ -21,9 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
-from _common import (StepProfile, markdown_header, profile_markdown, rel, rel_arg, repo_path, repo_root, run_metadata,
+from _common import (LoopTimer, markdown_header, profile_markdown, rel, rel_arg, repo_path, repo_root, run_metadata,
                      run_row, step_profiler, step_timer)
 
 repo_root()
@@ -52,21 +51,14 @@ def run_hf(args, attn_impl: str) -> dict:
     model = model.to(dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda or None)
     total = args.warmup + args.steps
-    prof = StepProfile(args.profile)
+    timer = LoopTimer(args.warmup, total, args.profile)
     ds = _windows(args.data_dir, args.seq_len, (total + args.profile) * args.batch, args.seed)
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch, num_workers=2, pin_memory=cuda)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     loss = None
     for step, batch in enumerate(loader):
-        if step == args.warmup:
-            sync()
-            t0 = time.perf_counter()
-        if step == total:
-            sync()
-            t1 = time.perf_counter()
-            prof.start()
+        timer.at(step)
         batch = batch.to(dev, non_blocking=True)
         x = batch[:, :-1]
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
@@ -76,13 +68,9 @@ def run_hf(args, attn_impl: str) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    sync()
-    if args.profile:
-        prof.stop()
-    else:
-        t1 = time.perf_counter()
+    timer.end()
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-    return {"seconds": t1 - t0, "loss": float(loss), "peak_mem_gib": peak, "profile": prof.summary}
+    return {"seconds": timer.seconds, "loss": float(loss), "peak_mem_gib": peak, "profile": timer.summary}
 
 
 def run_ours(args, attn: str, compile_: bool) -> dict:
