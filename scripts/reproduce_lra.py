@@ -137,6 +137,23 @@ def train_command(task: str, kind: str, run_dir: Path, overrides=(), python: str
             "trainer.enable_progress_bar=false", *overrides]
 
 
+def own_command(run_dir: Path, resume: bool = False) -> str | None:
+    """The command line that made a run folder, from its .hydra/overrides.yaml (its own batch split, logger and
+    other overrides included, the invocation's budget left out); with resume, continuing from its last.ckpt."""
+    from omegaconf import OmegaConf
+
+    f = run_dir / ".hydra" / "overrides.yaml"
+    if not f.exists():
+        return None
+    drop = ("ckpt_path=", "callbacks.calls.budget_s=", "hydra.run.dir=")
+    ov = [o for o in OmegaConf.to_container(OmegaConf.load(f)) if not o.startswith(drop)]
+    ov.insert(2, f"hydra.run.dir={rel(run_dir)}")
+    ckpt = resume_checkpoint(run_dir) if resume else None
+    if ckpt is not None:
+        ov.append(f"ckpt_path={rel(ckpt)}")
+    return show(["python", "train/run.py", *ov])
+
+
 def speed_command(task, kind, runs, steps, seed, extra=(), python="python", data_dir: str | None = None,
                   batch: tuple[int, int] | None = None) -> list[str]:
     """data_dir: the task's data folder (--speed-data); batch: (micro-batch, sequences per optimizer step)
@@ -198,8 +215,12 @@ def accumulated_batch(task: str, kind: str, n: int, extra=()) -> tuple[int, int]
 
 
 def accuracy_command(task, kind, runs, seed, max_steps=None, ckpt_every=500, extra=(), ckpt=None,
-                     python="python") -> list[str]:
+                     python="python", budget_s: float | None = None) -> list[str]:
+    """budget_s: the run stops itself at the first optimizer step after that many seconds, saving
+    checkpoints/last.ckpt there (train.callbacks.CallLog), so a call cut short by --budget loses no steps."""
     ov = [f"seed={seed}", f"callbacks.checkpoint.every_n_train_steps={ckpt_every}"]
+    if budget_s is not None:
+        ov.append(f"callbacks.calls.budget_s={int(budget_s)}")
     if max_steps:
         r = recipe(task)
         # The recipe's schedule shape at the shorter length: warmup scaled in proportion.
@@ -272,6 +293,11 @@ def read_run(run_dir: Path) -> dict | None:
     if task not in TASKS or kind is None:
         return None
     rows = read_metrics(run_dir / "metrics.csv")
+    # A resumed run keeps each earlier call's metrics.csv as metrics.partK.csv: the curve spans them all.
+    parts = sorted(run_dir.glob("metrics.part*.csv"), key=lambda f: int(f.stem.removeprefix("metrics.part") or 0))
+    curve = {}
+    for part in [*parts, run_dir / "metrics.csv"]:
+        curve.update({int(r["step"]): r["val/acc"] for r in read_metrics(part) if "val/acc" in r and "step" in r})
     source = OmegaConf.select(cfg, "data.source")
     micro, total = OmegaConf.select(cfg, "data.batch_size"), OmegaConf.select(cfg, "global_batch_size")
     accum = total // micro if isinstance(total, int) and isinstance(micro, int) and micro and total > micro else 1
@@ -280,7 +306,22 @@ def read_run(run_dir: Path) -> dict | None:
             "max_steps": OmegaConf.select(cfg, "trainer.max_steps"), "source": source,
             "steps_done": int(max((r.get("step", 0) for r in rows), default=0)), "rows": rows,
             "test_acc": last_value(rows, "test/acc"), "val_acc": last_value(rows, "val/acc"),
+            "val_curve": sorted(curve.items()), "devices": run_devices(run_dir),
             "speed": steady_speed(rows), "finished": finished(run_dir, rows)}
+
+
+def run_devices(run_dir: Path) -> list[str]:
+    """'<device> (<first start> .. <last end>)' from the run's calls.csv (train.callbacks.CallLog)."""
+    f = run_dir / "calls.csv"
+    if not f.exists():
+        return []
+    with open(f, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    by_device: dict = {}
+    for r in rows:
+        by_device.setdefault(r["device"], []).append(r)
+    return [f"{d}, {len(rs)} call(s), {rs[0]['started_utc']} .. {rs[-1]['ended_utc'] or '?'}"
+            for d, rs in by_device.items()]
 
 
 def finished(run_dir: Path, rows=None) -> bool:
@@ -342,16 +383,20 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
     out: dict = {"tasks": list(tasks), "kinds": list(kinds), "accuracy": {}, "speed": {}, "data": {},
                  "unfinished": [], "paper": PAPER, "speed_session": found.get("speed_session"),
                  "speed_sessions": {t: v for t, v in (found.get("speed_sessions") or {}).items() if t in tasks},
-                 "speed_status": {}}
+                 "speed_status": {}, "curves": []}
     for task in tasks:
         out["accuracy"][task], out["speed"][task] = {}, {}
         for kind in kinds:
             seeds = found["accuracy"].get((task, kind), {})
             done = {s: r for s, r in seeds.items() if r["finished"] and r["test_acc"] is not None}
             for s, r in seeds.items():
+                out["curves"].append({"task": task, "kind": kind, "seed": s, "max_steps": r["max_steps"],
+                                      "finished": s in done, "val_acc": r.get("val_curve", [])})
                 if s not in done:
                     out["unfinished"].append({"task": task, "kind": kind, "seed": s, "dir": rel(r["dir"]),
-                                              "steps_done": r["steps_done"], "max_steps": r["max_steps"]})
+                                              "steps_done": r["steps_done"], "max_steps": r["max_steps"],
+                                              "val_acc": r["val_acc"], "command": own_command(r["dir"], True),
+                                              "devices": r.get("devices", [])})
                 if r["source"] is not None:
                     out["data"][task] = {"source": r["source"], "note": stand_in(task, r["source"])}
             if done:
@@ -359,7 +404,9 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
                 out["accuracy"][task][kind] = {
                     "mean": sum(accs.values()) / len(accs), "seeds": accs,
                     "max_steps": sorted({r["max_steps"] for r in done.values()}),
-                    "recipe_steps": recipe(task)["max_steps"], "dirs": [rel(r["dir"]) for r in done.values()]}
+                    "recipe_steps": recipe(task)["max_steps"], "dirs": [rel(r["dir"]) for r in done.values()],
+                    "commands": {int(s): own_command(r["dir"]) for s, r in sorted(done.items())},
+                    "devices": sorted({d for r in done.values() for d in r.get("devices", ())})}
             sp = found["speed"].get((task, kind))
             if (task, kind) in (found.get("speed_status") or {}):  # failed, cut off (partly measured), no time
                 out["speed_status"].setdefault(task, {})[kind] = found["speed_status"][(task, kind)]
@@ -378,6 +425,30 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
         out["average"][kind] = sum(accs) / len(accs) if len(accs) == len(TASKS) else None
         out["mean_speedup"][kind] = geomean([out["speed"][t].get(kind, {}).get("speedup") for t in tasks])
     return out
+
+
+def keep_earlier_speed(summary: dict, earlier: Path) -> None:
+    """Accuracy runs span many device calls, the speed runs one: when the runs collected now hold no speed
+    run, the speed section of the table written before (its runs, sessions and commands) carries over."""
+    if not earlier.exists():
+        return
+    old = json.loads(earlier.read_text())
+    if not any(old.get("speed", {}).get(t) for t in summary["tasks"]):
+        return
+    for t in summary["tasks"]:
+        summary["speed"][t] = {k: v for k, v in old["speed"].get(t, {}).items() if k in summary["kinds"]}
+        if t in (old.get("speed_status") or {}):
+            summary["speed_status"][t] = old["speed_status"][t]
+        if t in (old.get("speed_sessions") or {}):
+            summary["speed_sessions"][t] = old["speed_sessions"][t]
+        if t in (old.get("data") or {}):
+            summary["data"].setdefault(t, old["data"][t])
+    summary["speed_session"] = summary["speed_session"] or old.get("speed_session")
+    for kind in summary["kinds"]:
+        summary["mean_speedup"][kind] = geomean([summary["speed"][t].get(kind, {}).get("speedup")
+                                                 for t in summary["tasks"]])
+    summary["speed_kept_from"] = rel(earlier)
+    print(f"no speed runs collected: the speed rows of {rel(earlier)} are kept", flush=True)
 
 
 def _f(x, fmt="{:.1f}", none="-"):
@@ -402,6 +473,9 @@ def markdown(summary: dict, meta: dict) -> str:
                   f"{data}, `{sess.get('command', '?')}`."]
     if len({json.loads(k).get("gpu") for k in groups}) > 1:
         lines += ["The speed runs of different tasks ran on different GPUs: the mean speedups mix them."]
+    if summary.get("speed_kept_from"):
+        lines += [f"(Speed rows kept from the earlier {summary['speed_kept_from']}: this invocation ran or collected "
+                  "accuracy runs only.)"]
     if groups:
         lines.append("")
     short = any(a["max_steps"] != [a["recipe_steps"]] for t in tasks for a in summary["accuracy"][t].values())
@@ -454,14 +528,26 @@ def markdown(summary: dict, meta: dict) -> str:
                   "step time and tokens/s cover the whole step, so they compare with the other rows; peak memory is "
                   "that of one micro-batch."]
 
-    lines += ["", "Runs (accuracy): steps run / the recipe's, seeds:", "",
-              "| task | attention | steps | seeds: test acc (%) |", "|---|---|---|---|"]
+    lines += ["", "Runs (accuracy): steps run / the recipe's, seeds, the command of each seed's run, where it ran "
+              "(its calls.csv):", "",
+              "| task | attention | steps | seeds: test acc (%) | command | device |", "|---|---|---|---|---|---|"]
     for t in tasks:
         for kind in kinds:
             a = summary["accuracy"][t].get(kind)
             if a:
+                cmds = "; ".join(f"`{c}`" for c in (a.get("commands") or {}).values() if c)
                 lines.append(f"| {TASK_TITLES[t]} | {kind} | {'/'.join(map(str, a['max_steps']))} of "
-                             f"{a['recipe_steps']} | " + ", ".join(f"{s}: {v:.1f}" for s, v in a["seeds"].items()) + " |")
+                             f"{a['recipe_steps']} | " + ", ".join(f"{s}: {v:.1f}" for s, v in a["seeds"].items())
+                             + f" | {cmds} | {'; '.join(a.get('devices') or [])} |")
+    cut = summary.get("unfinished") or []
+    if cut:
+        lines += ["", "Runs cut off (resumable; the commands are under Missing), the last validation accuracy:", "",
+                  "| task | attention | seed | steps done | val acc (%) | device |", "|---|---|---|---|---:|---|"]
+        lines += [f"| {TASK_TITLES[u['task']]} | {u['kind']} | {u['seed']} | {u['steps_done']} of {u['max_steps']} "
+                  f"| {_f(u.get('val_acc') and 100 * u['val_acc'])} | {'; '.join(u.get('devices') or [])} |"
+                  for u in cut]
+    if summary.get("curves"):
+        lines += ["", "Validation accuracy of every run against its step: table3_curves.png."]
     lines += ["", "Data:", ""]
     for t in tasks:
         d = summary["data"].get(t)
@@ -504,11 +590,41 @@ def plot(summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_curves(summary: dict, path: Path) -> None:
+    """Validation accuracy against the optimizer step, one panel per task with runs; the paper's
+    Transformer and FlashAttention test accuracies as horizontal references."""
+    plt = pyplot()
+    tasks = [t for t in summary["tasks"] if any(c["task"] == t and c["val_acc"] for c in summary["curves"])]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.8), squeeze=False)
+    colors = {k: f"C{i}" for i, k in enumerate(KINDS)}
+    for ax, t in zip(axes[0], tasks):
+        for c in summary["curves"]:
+            if c["task"] != t or not c["val_acc"]:
+                continue
+            steps, accs = zip(*c["val_acc"])
+            recipe_run = c["max_steps"] == recipe(t)["max_steps"]
+            label = f"{c['kind']} s{c['seed']}" + ("" if recipe_run else f" ({c['max_steps']} steps)") + \
+                ("" if c["finished"] else ", cut off")
+            ax.plot(steps, [100 * a for a in accs], marker=".", color=colors[c["kind"]],
+                    ls="-" if recipe_run else ":", label=label)
+        for kind, ls in (("standard", "--"), ("flash", "-.")):
+            ax.axhline(PAPER[kind][t], color="k", ls=ls, lw=0.8, label=f"paper {kind} (test)")
+        ax.set_title(TASK_TITLES[t])
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("val accuracy (%)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_results(summary: dict, meta: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "table3.json").write_text(json.dumps({"env": meta, **summary}, indent=1, default=str))
     (out / "table3.md").write_text(markdown(summary, meta))
     plot(summary, out / "table3.png")
+    if any(c["val_acc"] for c in summary.get("curves", [])):
+        plot_curves(summary, out / "table3_curves.png")
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -521,6 +637,17 @@ class Runner:
 
     def left(self) -> float:
         return math.inf if self.deadline is None else self.deadline - time.time()
+
+    # Seconds a run that stops itself (callbacks.calls.budget_s) keeps in hand for what follows its last
+    # step: the validation due there, writing last.ckpt, and the interpreter's exit.
+    SELF_STOP_MARGIN = 45
+
+    def self_stop_budget(self) -> float | None:
+        """budget_s for a run started now, so that it stops with a checkpoint before the deadline's SIGINT
+        (which loses the steps since the last periodic checkpoint); None without a deadline."""
+        if self.deadline is None or self.dry_run:
+            return None
+        return max(self.left() - self.SELF_STOP_MARGIN, 1.0)
 
     def run(self, cmd: list[str], log: Path, timeout: float | None = None) -> str:
         """'ok', 'failed', 'cut off' (the deadline or the timeout interrupted it) or 'no time'."""
@@ -598,7 +725,7 @@ def main(argv=None):
     ap.add_argument("--collect", default=None, metavar="DIR", help="only collect the run folders under DIR")
     ap.add_argument("--out", default="results/lra")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides may come before and after options
     if args.speed_steps <= 0:
         ap.error(f"--speed-steps must be a positive integer, got {args.speed_steps}")
     try:
@@ -670,7 +797,8 @@ def main(argv=None):
                             continue
                         ckpt = resume_checkpoint(d)
                         # resumed: train/run.py keeps the cut-off metrics.csv as metrics.partK.csv
-                        cmd = accuracy_command(t, kind, runs, seed, args.max_steps, args.ckpt_every, extra, ckpt)
+                        cmd = accuracy_command(t, kind, runs, seed, args.max_steps, args.ckpt_every, extra, ckpt,
+                                               budget_s=runner.self_stop_budget())
                         status = runner.run(cmd, d / "stdout.log")
                         if status not in ("ok", "dry run"):
                             ckpt = resume_checkpoint(d)
@@ -686,15 +814,19 @@ def main(argv=None):
     if args.keep_speed:  # the table covers the kept tasks too
         tasks = [t for t in TASKS if t in args.tasks or any(k[0] == t for k in found["speed"])]
     summary = summarize(found, tasks, args.kinds)
+    if not any(summary["speed"][t] for t in tasks) and not args.dry_run:
+        keep_earlier_speed(summary, repo_path(args.out) / "table3.json")
     known = {(m["task"], m["kind"], m["seed"]) for m in missing}
     for u in summary["unfinished"]:
         if (u["task"], u["kind"], u["seed"]) not in known:
             d = REPO / u["dir"]
             steps = u["max_steps"] if u["max_steps"] != recipe(u["task"])["max_steps"] else None
+            last = resume_checkpoint(d)
             missing.append({"task": u["task"], "kind": u["kind"], "seed": u["seed"],
-                            "why": f"cut off at step {u['steps_done']} of {u['max_steps']}",
-                            "command": show(accuracy_command(u["task"], u["kind"], runs, u["seed"], steps,
-                                                             args.ckpt_every, extra, resume_checkpoint(d)))})
+                            "why": f"cut off at step {u['steps_done']} of {u['max_steps']}"
+                                   + ("" if last else " (no last.ckpt here: the command starts it again)"),
+                            "command": u.get("command") or show(accuracy_command(
+                                u["task"], u["kind"], runs, u["seed"], steps, args.ckpt_every, extra, last))})
     known |= {(m["task"], m["kind"], m["seed"]) for m in missing}
     for t in args.tasks:
         for kind in args.kinds:

@@ -352,3 +352,78 @@ def test_cut_off_speed_run_is_flagged(tmp_path, monkeypatch):
                 "--tasks", "image"])
     assert s["speed"]["image"]["flash"]["speedup"] == pytest.approx(2.0)
     assert "| 2.00x | 1.00 | 39 | cut off: " in (out / "table3.md").read_text()
+
+
+# ------------------------------------------------------------------- accuracy runs over many device calls
+
+def write_cut_off_run(run_dir: Path, overrides: list[str]):
+    """A pathfinder run resumed once: its first call's metrics in metrics.part1.csv, the second's in
+    metrics.csv, its command in .hydra/overrides.yaml, its calls in calls.csv, a last.ckpt."""
+    write_run(run_dir, "pathfinder", "flash")
+    head = "epoch,step,train/loss,val/acc\n"
+    (run_dir / "metrics.part1.csv").write_text(head + "0,99,0.7,\n0,99,,0.50\n0,199,,0.55\n")
+    (run_dir / "metrics.csv").write_text(head + "0,199,,0.56\n0,299,0.6,\n0,299,,0.61\n")
+    OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
+    (run_dir / "calls.csv").write_text(
+        "call,start_step,end_step,steps,wall_s,started_utc,ended_utc,status,resumed_from,device\n"
+        "1,0,200,200,10,2026-11-25T07:00:00+00:00,2026-11-25T07:01:00+00:00,stopped: budget_s,,GPU X x 1\n"
+        "2,200,300,100,5,2026-11-25T08:00:00+00:00,2026-11-25T08:01:00+00:00,stopped: budget_s,x,GPU X x 1\n")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+
+
+def test_cut_off_run_curve_command_and_device(tmp_path):
+    root = tmp_path / "runs"
+    d = R.accuracy_dir(root, "pathfinder", "flash", 1, None)
+    write_cut_off_run(d, ["experiment=lra/pathfinder", "attn=flash", "seed=1", "data.batch_size=256",
+                          "callbacks.calls.budget_s=500", "ckpt_path=old.ckpt"])
+    s = R.main(["--collect", str(root), "--out", str(tmp_path / "out"), "--tasks", "pathfinder"])
+    (u,) = s["unfinished"]
+    assert u["steps_done"] == 299 and u["val_acc"] == pytest.approx(0.61)
+    assert u["devices"] == ["GPU X x 1, 2 call(s), 2026-11-25T07:00:00+00:00 .. 2026-11-25T08:01:00+00:00"]
+    # the curve spans both calls; the resumed call's value wins at the step both logged
+    (c,) = s["curves"]
+    assert c["val_acc"] == [(99, 0.5), (199, 0.56), (299, 0.61)] and not c["finished"]
+    # resumed with the run's own overrides, not this invocation's; the old budget and checkpoint dropped
+    (m,) = [m for m in s["missing"] if m["kind"] == "flash"]
+    assert "data.batch_size=256" in m["command"] and "budget_s" not in m["command"]
+    assert "old.ckpt" not in m["command"] and m["command"].endswith("checkpoints/last.ckpt")
+    md = (tmp_path / "out" / "table3.md").read_text()
+    assert "| Pathfinder | flash | 1 | 299 of 62400 | 61.0 | GPU X x 1, 2 call(s)" in md
+    assert (tmp_path / "out" / "table3_curves.png").stat().st_size > 1000
+
+
+def test_collect_without_speed_runs_keeps_the_earlier_speed_rows(runs, tmp_path):
+    out = tmp_path / "out"
+    R.main(["--collect", str(runs), "--out", str(out), "--tasks", "listops", "text"])
+    acc_only = tmp_path / "acc-only"
+    write_run(R.accuracy_dir(acc_only, "listops", "flash", 1, None), "listops", "flash", test_acc=0.5)
+    s = R.main(["--collect", str(acc_only), "--out", str(out), "--tasks", "listops", "text"])
+    assert s["speed"]["listops"]["flash"]["speedup"] == pytest.approx(2.5)
+    assert s["mean_speedup"]["sdpa"] == pytest.approx(2.0) and s["speed_kept_from"].endswith("table3.json")
+    assert s["accuracy"]["listops"]["flash"]["seeds"] == {1: pytest.approx(50.0)}
+    md = (out / "table3.md").read_text()
+    assert "Speed rows kept from the earlier" in md and "| ListOps | flash | 120.0 |" in md
+    # a fresh --out has nothing to keep: the speed rows say so
+    s2 = R.main(["--collect", str(acc_only), "--out", str(tmp_path / "fresh"), "--tasks", "listops"])
+    assert not s2["speed"]["listops"] and "speed_kept_from" not in s2
+
+
+def test_budget_lets_accuracy_runs_stop_themselves(tmp_path, monkeypatch):
+    seen = []
+
+    def run(self, cmd, log, timeout=None):
+        seen.append(" ".join(cmd))
+        return "ok"
+    monkeypatch.setattr(R.Runner, "run", run)
+    # overrides before and after the options (parse_intermixed_args)
+    R.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--skip-speed", "logger=csv",
+            "--tasks", "listops", "--kinds", "flash", "--budget", "600", "data.batch_size=16"])
+    (cmd,) = seen
+    budget = int(cmd.split("callbacks.calls.budget_s=")[1].split()[0])
+    assert 600 - R.Runner.SELF_STOP_MARGIN - 5 <= budget <= 600 - R.Runner.SELF_STOP_MARGIN
+    assert "logger=csv" in cmd and "data.batch_size=16" in cmd
+    seen.clear()  # without --budget the runs get no budget of their own
+    R.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--skip-speed", "--tasks", "listops",
+            "--kinds", "flash"])
+    assert "budget_s" not in seen[0]
