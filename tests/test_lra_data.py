@@ -260,3 +260,37 @@ def test_caps_must_be_positive_integers(tmp_path, bad):
         retrieval.fixture(tmp_path, num_test=bad)
     with pytest.raises(ValueError, match="positive integer"):
         image.fixture(tmp_path, num_train=bad)
+
+
+def test_linux_doc_pairs_index_one_document_table(tmp_path):
+    """The stand-in keeps each document once per split and the pairs as row numbers; the datamodule
+    resolves them to the same two documents the pairing chose."""
+    import gzip
+
+    base = tmp_path / "src" / "usr/share/doc/linux-doc-6.1/Documentation"
+    for sec in ("net", "fs", "mm"):
+        (base / sec).mkdir(parents=True)
+        for k in range(12):
+            with gzip.open(base / sec / f"d{k}.rst.gz", "wb") as f:
+                f.write(f"{sec} document {k} ".encode() * (k + 1))
+    meta = retrieval.prepare_linux_doc(tmp_path / "src", tmp_path / "out", num_train=40, num_val=10, num_test=10)
+    assert meta["documents"] == 36 and meta["train_examples"] == 40 and meta["train_documents"] <= 36
+    z = np.load(tmp_path / "out" / "train.npz")
+    assert len(z["offsets"]) == meta["train_documents"] + 1 and len(z["doc_1"]) == len(z["labels"]) == 40
+    dm = LRADataModule("retrieval", tmp_path / "out", seq_len=64, batch_size=4, cls_token=False)
+    dm.setup()
+    train = dm.splits["train"]
+    for i in range(len(train)):
+        item = train[i]
+        one, two = (bytes((item[k][item[m]] - 1).tolist()).decode() for k, m in
+                    (("input_ids", "attention_mask"), ("input_ids_2", "attention_mask_2")))
+        assert one != two  # distinct documents
+        assert (one.split()[0] == two.split()[0]) == bool(item["labels"])  # label 1: same section
+    # val and test documents are never seen in training (documents split before pairing)
+    texts = {s: {bytes(np.load(tmp_path / "out" / f"{s}.npz")["tokens"][a:b]) for a, b in
+                 zip(np.load(tmp_path / "out" / f"{s}.npz")["offsets"][:-1],
+                     np.load(tmp_path / "out" / f"{s}.npz")["offsets"][1:])} for s in ("train", "val", "test")}
+    assert not texts["train"] & texts["val"] and not texts["train"] & texts["test"]
+    # prepared again: a no-op
+    assert retrieval.prepare_linux_doc(tmp_path / "src", tmp_path / "out", num_train=40, num_val=10,
+                                       num_test=10)["stamp"] == meta["stamp"]

@@ -12,7 +12,9 @@ source, whether it is a stand-in, the counts and the stamp (what the folder was 
 digests and settings, never paths), so a second prepare with the same inputs is a no-op.
 
 Variable-length token data is stored flat: `tokens` (all sequences concatenated) + `offsets` (n + 1),
-`labels` (n); the two-document form adds `tokens_2`, `offsets_2`.
+`labels` (n); the two-document form adds `tokens_2`, `offsets_2`, or (the linux-doc Retrieval stand-in,
+whose pairs reuse 2.8K documents) keeps each document once in `tokens`/`offsets` and gives the pairs as
+row numbers `doc_1`, `doc_2` (n each).
 """
 from __future__ import annotations
 

@@ -67,8 +67,13 @@ class TokenSplit(torch.utils.data.Dataset):
 
     def __init__(self, arrays: dict, seq_len: int, shift: int, cls: int | None):
         self.a, self.seq_len, self.shift, self.cls = arrays, seq_len, shift, cls
-        self.two = "tokens_2" in arrays
+        # two documents per example: copied inline (tokens_2) or as rows of a document table (doc_1, doc_2)
+        self.table = "doc_1" in arrays
+        self.two = self.table or "tokens_2" in arrays
         self.labels = arrays["labels"]
+        if self.table and not len(self.a["doc_1"]) == len(self.a["doc_2"]) == len(self.labels):
+            raise ValueError(f"document-table split: {len(self.a['doc_1'])} first and {len(self.a['doc_2'])} second "
+                             f"documents for {len(self.labels)} labels")
 
     def __len__(self):
         return len(self.labels)
@@ -85,6 +90,11 @@ class TokenSplit(torch.utils.data.Dataset):
         return {f"input_ids{suffix}": torch.from_numpy(ids), f"attention_mask{suffix}": torch.from_numpy(mask)}
 
     def __getitem__(self, i):
+        if self.table:
+            out = self._pad(self.a["tokens"], self.a["offsets"], int(self.a["doc_1"][i]), "")
+            out.update(self._pad(self.a["tokens"], self.a["offsets"], int(self.a["doc_2"][i]), "_2"))
+            out["labels"] = torch.tensor(int(self.labels[i]))
+            return out
         out = self._pad(self.a["tokens"], self.a["offsets"], i, "")
         if self.two:
             out.update(self._pad(self.a["tokens_2"], self.a["offsets_2"], i, "_2"))
