@@ -458,6 +458,9 @@ def _f(x, fmt="{:.1f}", none="-"):
 def markdown(summary: dict, meta: dict) -> str:
     tasks, kinds = summary["tasks"], summary["kinds"]
     lines = markdown_header("Long Range Arena: the FlashAttention paper's Table 3 on our framework", meta)
+    if "table_written_on" in meta:
+        lines[2:2] = ["Versions and date on the next line: the machine that wrote this table; the runs' own GPU "
+                      "and dates are in the speed-run lines and the run tables below.", ""]
     sessions = summary.get("speed_sessions") or {}
     groups: dict = {}  # one line per invocation (--keep-speed puts several in one table)
     for t in tasks:
