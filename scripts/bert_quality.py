@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from _common import markdown_header, pyplot, rel, repo_path, repo_root, run_metadata
-from reproduce_lra import Runner, read_metrics, resume_checkpoint, show
+from reproduce_lra import Runner, metrics_files, read_metrics, resume_checkpoint, show
 
 REPO = repo_root()
 LEVELS = (0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.72)
@@ -45,9 +45,8 @@ def finished(folder: Path) -> bool:
 
 def read_parts(folder: Path) -> list[dict]:
     """Every part's metrics rows in order (metrics.part1.csv, ..., metrics.csv), each tagged with its part."""
-    parts = sorted(folder.glob("metrics.part*.csv"), key=lambda p: int(p.stem.removeprefix("metrics.part")))
     rows = []
-    for i, path in enumerate([*parts, folder / "metrics.csv"]):
+    for i, path in enumerate(metrics_files(folder)):
         rows += [dict(r, part=i) for r in read_metrics(path)]
     return rows
 

@@ -249,6 +249,13 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
+def metrics_files(run_dir: Path) -> list[Path]:
+    """A run's metrics files in call order: metrics.part1.csv, ..., metrics.csv (a resumed run keeps each
+    earlier call's metrics.csv as metrics.partK.csv, train/run.py)."""
+    parts = sorted(run_dir.glob("metrics.part*.csv"), key=lambda p: int(p.stem.removeprefix("metrics.part")))
+    return [*parts, run_dir / "metrics.csv"]
+
+
 def last_value(rows: list[dict], key: str) -> float | None:
     vals = [r[key] for r in rows if key in r]
     return vals[-1] if vals else None
@@ -292,12 +299,10 @@ def read_run(run_dir: Path) -> dict | None:
     kind = KIND_OF_CLASS.get(target.rsplit(".", 1)[-1])
     if task not in TASKS or kind is None:
         return None
-    rows = read_metrics(run_dir / "metrics.csv")
-    # A resumed run keeps each earlier call's metrics.csv as metrics.partK.csv: the curve spans them all.
-    parts = sorted(run_dir.glob("metrics.part*.csv"), key=lambda f: int(f.stem.removeprefix("metrics.part") or 0))
-    curve = {}
-    for part in [*parts, run_dir / "metrics.csv"]:
-        curve.update({int(r["step"]): r["val/acc"] for r in read_metrics(part) if "val/acc" in r and "step" in r})
+    calls = [read_metrics(f) for f in metrics_files(run_dir)]
+    rows = calls[-1]  # this (or the last) call's metrics.csv
+    # the curve spans every call; where two logged the same step, the later (resumed) call's value counts
+    curve = {int(r["step"]): r["val/acc"] for part in calls for r in part if "val/acc" in r and "step" in r}
     source = OmegaConf.select(cfg, "data.source")
     micro, total = OmegaConf.select(cfg, "data.batch_size"), OmegaConf.select(cfg, "global_batch_size")
     accum = total // micro if isinstance(total, int) and isinstance(micro, int) and micro and total > micro else 1
@@ -418,13 +423,19 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
         base = out["speed"][task].get("standard", {}).get("step_time_ms")
         for kind, s in out["speed"][task].items():
             s["speedup"] = base / s["step_time_ms"] if base else None
-    out["average"], out["mean_speedup"] = {}, {}
+    out["average"] = {}
     for kind in kinds:
         accs = [out["accuracy"][t][kind]["mean"] for t in tasks if kind in out["accuracy"][t]]
         # the paper averages all five tasks; a subset gets no average
         out["average"][kind] = sum(accs) / len(accs) if len(accs) == len(TASKS) else None
-        out["mean_speedup"][kind] = geomean([out["speed"][t].get(kind, {}).get("speedup") for t in tasks])
+    out["mean_speedup"] = mean_speedups(out)
     return out
+
+
+def mean_speedups(summary: dict) -> dict:
+    """{kind: geometric mean of its speedups over the tasks measured}."""
+    return {kind: geomean([summary["speed"][t].get(kind, {}).get("speedup") for t in summary["tasks"]])
+            for kind in summary["kinds"]}
 
 
 def keep_earlier_speed(summary: dict, earlier: Path) -> None:
@@ -444,9 +455,7 @@ def keep_earlier_speed(summary: dict, earlier: Path) -> None:
         if t in (old.get("data") or {}):
             summary["data"].setdefault(t, old["data"][t])
     summary["speed_session"] = summary["speed_session"] or old.get("speed_session")
-    for kind in summary["kinds"]:
-        summary["mean_speedup"][kind] = geomean([summary["speed"][t].get(kind, {}).get("speedup")
-                                                 for t in summary["tasks"]])
+    summary["mean_speedup"] = mean_speedups(summary)
     summary["speed_kept_from"] = rel(earlier)
     print(f"no speed runs collected: the speed rows of {rel(earlier)} are kept", flush=True)
 

@@ -12,9 +12,8 @@ source, whether it is a stand-in, the counts and the stamp (what the folder was 
 digests and settings, never paths), so a second prepare with the same inputs is a no-op.
 
 Variable-length token data is stored flat: `tokens` (all sequences concatenated) + `offsets` (n + 1),
-`labels` (n); the two-document form adds `tokens_2`, `offsets_2`, or (the linux-doc Retrieval stand-in,
-whose pairs reuse 2.8K documents) keeps each document once in `tokens`/`offsets` and gives the pairs as
-row numbers `doc_1`, `doc_2` (n each).
+`labels` (n); the two-document form (Retrieval) keeps its documents once each in `tokens`/`offsets` and
+gives the pairs as row numbers `doc_1`, `doc_2` (n each): the linux-doc stand-in's pairs reuse 2.8K documents.
 """
 from __future__ import annotations
 
@@ -62,12 +61,10 @@ def flatten(seqs) -> tuple[np.ndarray, np.ndarray]:
     return tokens, offsets
 
 
-def save_split(path, labels, seqs, seqs_2=None, **extra):
+def save_split(path, labels, seqs, **extra):
     """One split as a flat .npz (written to a temporary name, then renamed: never half a file)."""
     tokens, offsets = flatten(seqs)
     arrays = {"tokens": tokens, "offsets": offsets, "labels": np.asarray(labels, dtype=np.int64), **extra}
-    if seqs_2 is not None:
-        arrays["tokens_2"], arrays["offsets_2"] = flatten(seqs_2)
     tmp = Path(str(path) + ".tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, path)

@@ -66,20 +66,21 @@ class TokenSplit(torch.utils.data.Dataset):
     """Flat variable-length token data (one or two inputs) -> padded model inputs."""
 
     def __init__(self, arrays: dict, seq_len: int, shift: int, cls: int | None):
-        self.a, self.seq_len, self.shift, self.cls = arrays, seq_len, shift, cls
-        # two documents per example: copied inline (tokens_2) or as rows of a document table (doc_1, doc_2)
-        self.table = "doc_1" in arrays
-        self.two = self.table or "tokens_2" in arrays
+        self.seq_len, self.shift, self.cls = seq_len, shift, cls
         self.labels = arrays["labels"]
-        if self.table and not len(self.a["doc_1"]) == len(self.a["doc_2"]) == len(self.labels):
-            raise ValueError(f"document-table split: {len(self.a['doc_1'])} first and {len(self.a['doc_2'])} second "
-                             f"documents for {len(self.labels)} labels")
+        # Row numbers into the sequences of tokens/offsets: example i reads sequence i, or with two documents
+        # per example (Retrieval), sequences doc_1[i] and doc_2[i] of one document table.
+        self.tokens, self.offsets = arrays["tokens"], arrays["offsets"]
+        self.rows = [arrays["doc_1"], arrays["doc_2"]] if "doc_1" in arrays else [None]
+        if "doc_1" in arrays and not len(arrays["doc_1"]) == len(arrays["doc_2"]) == len(self.labels):
+            raise ValueError(f"document-table split: {len(arrays['doc_1'])} first and {len(arrays['doc_2'])} "
+                             f"second documents for {len(self.labels)} labels")
 
     def __len__(self):
         return len(self.labels)
 
-    def _pad(self, tokens, offsets, i, suffix):
-        body = tokens[offsets[i]:offsets[i + 1]].astype(np.int64) + self.shift
+    def _pad(self, j, suffix):
+        body = self.tokens[self.offsets[j]:self.offsets[j + 1]].astype(np.int64) + self.shift
         if self.cls is not None:
             body = np.concatenate([[self.cls], body])
         body = body[:self.seq_len]
@@ -90,14 +91,9 @@ class TokenSplit(torch.utils.data.Dataset):
         return {f"input_ids{suffix}": torch.from_numpy(ids), f"attention_mask{suffix}": torch.from_numpy(mask)}
 
     def __getitem__(self, i):
-        if self.table:
-            out = self._pad(self.a["tokens"], self.a["offsets"], int(self.a["doc_1"][i]), "")
-            out.update(self._pad(self.a["tokens"], self.a["offsets"], int(self.a["doc_2"][i]), "_2"))
-            out["labels"] = torch.tensor(int(self.labels[i]))
-            return out
-        out = self._pad(self.a["tokens"], self.a["offsets"], i, "")
-        if self.two:
-            out.update(self._pad(self.a["tokens_2"], self.a["offsets_2"], i, "_2"))
+        out = {}
+        for rows, suffix in zip(self.rows, ("", "_2")):
+            out.update(self._pad(i if rows is None else int(rows[i]), suffix))
         out["labels"] = torch.tensor(int(self.labels[i]))
         return out
 

@@ -204,7 +204,7 @@ def prepare_aan(tsv_dir, out_dir, max_bytes: int = MAX_BYTES, seed: int = 0, num
     missing = [str(p) for p in paths.values() if not p.exists()]
     if missing:
         raise FileNotFoundError(f"missing AAN files {missing} (LRA release: lra_release/tsv_data/)")
-    stamp = stamp_of("retrieval-aan-v1", file_digest(paths.values()), max_bytes, *caps_stamp(caps, seed))
+    stamp = stamp_of("retrieval-aan-v2", file_digest(paths.values()), max_bytes, *caps_stamp(caps, seed))
     if is_prepared(out_dir, stamp):
         print(f"{out_dir} is up to date (stamp {stamp}); nothing to do")
         return read_meta(out_dir)
@@ -216,22 +216,16 @@ def prepare_aan(tsv_dir, out_dir, max_bytes: int = MAX_BYTES, seed: int = 0, num
         keep = cap_indices({split: np.arange(len(y))}, caps, seed)[split] if split in caps else None
         if keep is not None:
             t1, t2, y = [t1[k] for k in keep], [t2[k] for k in keep], y[keep]
-        save_split(Path(out_dir) / f"{split}.npz", y, t1, t2)
+        save_pair_split(Path(out_dir) / f"{split}.npz", [*t1, *t2], range(len(y)), range(len(y), 2 * len(y)), y)
         meta[f"{split}_examples"] = len(y)
         meta[f"{split}_majority"] = float(np.bincount(y, minlength=2).max() / max(1, len(y)))
     return write_meta(out_dir, meta)
 
 
 def write_pairs(out_dir, first, second, labels, idx: dict, max_bytes: int, meta: dict) -> dict:
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    labels = np.asarray(labels, dtype=np.int64)
-    for split in SPLITS:
-        i = idx[split]
-        save_split(Path(out_dir) / f"{split}.npz", labels[i], [first[k] for k in i], [second[k] for k in i])
-        meta[f"{split}_examples"] = int(len(i))
-        meta[f"{split}_majority"] = float(np.bincount(labels[i], minlength=2).max() / max(1, len(i)))
-    meta["max_bytes"] = max_bytes
-    return write_meta(out_dir, meta)
+    """Pairs given as their two texts (byte arrays): each text its own row of the document table."""
+    n = len(labels)
+    return write_doc_pairs(out_dir, [*first, *second], range(n), range(n, 2 * n), labels, idx, max_bytes, meta)
 
 
 def write_doc_pairs(out_dir, docs: list, first, second, labels, idx: dict, max_bytes: int, meta: dict) -> dict:
@@ -244,15 +238,22 @@ def write_doc_pairs(out_dir, docs: list, first, second, labels, idx: dict, max_b
     first, second = np.asarray(first, dtype=np.int64), np.asarray(second, dtype=np.int64)
     for split in SPLITS:
         i = np.asarray(idx[split], dtype=np.int64)
-        used, rows = np.unique(np.concatenate([first[i], second[i]]), return_inverse=True)
-        rows = rows.astype(np.int32)
-        save_split(Path(out_dir) / f"{split}.npz", labels[i], [docs[k] for k in used],
-                   doc_1=rows[:len(i)], doc_2=rows[len(i):])
+        meta[f"{split}_documents"] = save_pair_split(Path(out_dir) / f"{split}.npz", docs, first[i], second[i],
+                                                     labels[i])
         meta[f"{split}_examples"] = int(len(i))
-        meta[f"{split}_documents"] = int(len(used))
         meta[f"{split}_majority"] = float(np.bincount(labels[i], minlength=2).max() / max(1, len(i)))
     meta["max_bytes"] = max_bytes
     return write_meta(out_dir, meta)
+
+
+def save_pair_split(path, docs: list, first, second, labels) -> int:
+    """One split of pairs (docs[first[j]], docs[second[j]]) with labels[j]: the documents it uses once each in
+    the flat table, the pairs as their rows (`doc_1`, `doc_2`). Returns how many documents it keeps."""
+    first, second = np.asarray(first, dtype=np.int64), np.asarray(second, dtype=np.int64)
+    used, rows = np.unique(np.concatenate([first, second]), return_inverse=True)
+    rows = rows.astype(np.int32)
+    save_split(path, labels, [docs[k] for k in used], doc_1=rows[:len(first)], doc_2=rows[len(first):])
+    return int(len(used))
 
 
 def fixture(out_dir, n: int = 96, seed: int = 0, max_bytes: int = 512, num_train: int | None = None,
@@ -274,4 +275,4 @@ def fixture(out_dir, n: int = 96, seed: int = 0, max_bytes: int = 512, num_train
         ys.append(y)
     return write_pairs(out_dir, first, second, ys, cap_indices(split_indices(n, seed), caps, seed), max_bytes,
                        {"task": "retrieval", "source": "fixture",
-                        "stamp": stamp_of("retrieval-fixture", n, seed, *caps_stamp(caps, seed))})
+                        "stamp": stamp_of("retrieval-fixture-v2", n, seed, *caps_stamp(caps, seed))})
