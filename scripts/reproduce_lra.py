@@ -330,11 +330,17 @@ def run_devices(run_dir: Path) -> list[str]:
 
 
 def finished(run_dir: Path, rows=None) -> bool:
-    """An accuracy run is finished when it logged test/acc (run.py tests after fit) or printed its
-    `done:` line (runs with test_after_fit=false)."""
+    """An accuracy run is finished when it logged test/acc (run.py tests after fit), or when its last call
+    ended training (calls.csv; runs with test_after_fit=false). A call stopped by its budget also prints
+    run.py's `done:` line, so that line alone counts only for runs without calls.csv."""
     rows = read_metrics(run_dir / "metrics.csv") if rows is None else rows
     if last_value(rows, "test/acc") is not None:
         return True
+    calls = run_dir / "calls.csv"
+    if calls.exists():
+        with open(calls, newline="") as f:
+            statuses = [r["status"] for r in csv.DictReader(f)]
+        return bool(statuses) and statuses[-1] in ("finished", "ended before max_steps")
     log = run_dir / "stdout.log"
     return log.exists() and any(ln.startswith("done: ") for ln in log.read_text(errors="replace").splitlines())
 

@@ -427,3 +427,18 @@ def test_budget_lets_accuracy_runs_stop_themselves(tmp_path, monkeypatch):
     R.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--skip-speed", "--tasks", "listops",
             "--kinds", "flash"])
     assert "budget_s" not in seen[0]
+
+
+def test_a_run_stopped_by_its_budget_is_resumed_not_taken_as_finished(tmp_path, capsys):
+    """run.py prints its `done:` line after a budget stop too; calls.csv's last status decides."""
+    root = tmp_path / "runs"
+    d = R.accuracy_dir(root, "pathfinder", "flash", 1, None)
+    write_cut_off_run(d, ["experiment=lra/pathfinder", "attn=flash", "seed=1"])
+    (d / "stdout.log").write_text("call 2: steps 200 -> 300 in 5.0 s, stopped: budget_s\ndone: 300 steps, {}\n")
+    assert not R.finished(d)
+    R.main(["--dry-run", "--runs", str(root), "--tasks", "pathfinder", "--kinds", "flash", "--skip-speed"])
+    (cmd,) = [ln[2:] for ln in capsys.readouterr().out.splitlines() if ln.startswith("$ ")]
+    assert cmd.endswith("checkpoints/last.ckpt")
+    with open(d / "calls.csv", "a") as f:  # a third call that reached max_steps
+        f.write("3,300,62400,62100,9,2026-11-25T09:00:00+00:00,2026-11-25T09:09:00+00:00,finished,x,GPU X x 1\n")
+    assert R.finished(d)
