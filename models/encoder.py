@@ -101,7 +101,8 @@ class SequenceClassifier(_EncoderModel):
                  n_layer: int = 4, n_head: int = 4, d_ff: int | None = None, dropout: float = 0.1,
                  attn_dropout: float = 0.1, pooling: str = "mean", two_inputs: bool = False, prenorm: bool = True,
                  activation: str = "gelu", layer_norm_eps: float = 1e-5, positions: str = "learned",
-                 activation_checkpointing: bool = False, attention_factory: Callable | None = None):
+                 embedding_std: float = 0.02, activation_checkpointing: bool = False,
+                 attention_factory: Callable | None = None):
         super().__init__()
         if pooling not in ("mean", "cls"):
             raise ValueError(f"unknown pooling {pooling!r}; choose 'mean' or 'cls'")
@@ -115,6 +116,10 @@ class SequenceClassifier(_EncoderModel):
         head_in = 4 * d_model if two_inputs else d_model
         self.head = nn.Sequential(nn.Linear(head_in, d_model), nn.GELU(), nn.Linear(d_model, num_classes))
         self._setup(n_layer, d_model, n_head)
+        # LRA's encoders draw the token table from N(0, 1) (embedding_std 1.0 in configs/model/lra-*.yaml).
+        # Next to a sinusoidal table (each feature in [-1, 1]) BERT's 0.02 leaves the tokens ~3% of the
+        # input's norm: pixel values then barely reach attention (Pathfinder stayed at chance that way).
+        nn.init.normal_(self.embed.word.weight, mean=0.0, std=embedding_std)
 
     def forward(self, input_ids, attention_mask=None, input_ids_2=None, attention_mask_2=None):
         """-> class logits (batch, num_classes)."""

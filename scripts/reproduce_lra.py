@@ -124,6 +124,27 @@ def recipe(task: str) -> dict:
             "eval_every_steps": int(e.get("eval_every_steps", 1000))}
 
 
+def recipe_model(task: str) -> dict:
+    """The model section the experiment builds now: its configs/model file, then the experiment's `model:`."""
+    from omegaconf import OmegaConf
+
+    e = OmegaConf.load(REPO / "configs" / "experiment" / "lra" / f"{task}.yaml")
+    defaults = OmegaConf.to_container(e.defaults)
+    name = next(d["override /model"] for d in defaults if isinstance(d, dict) and "override /model" in d)
+    model = OmegaConf.merge(OmegaConf.load(REPO / "configs" / "model" / f"{name}.yaml"), e.get("model") or {})
+    return OmegaConf.to_container(model)
+
+
+def model_drift(task: str, run_model) -> list[str]:
+    """'key: run value (now: value)' for each model setting where a run differs from what its experiment
+    builds today (a key the run's config lacks took the constructor's default at the time): a run made
+    before a model change is then marked in the table instead of being taken for the current recipe."""
+    run = dict(run_model or {})
+    return [f"{k}: {run.get(k, 'unset')} (now {v})" for k, v in recipe_model(task).items()
+            if not isinstance(v, str) or not v.startswith("${")  # interpolations: compared resolved elsewhere
+            if run.get(k) != v]
+
+
 def accuracy_dir(runs: Path, task: str, kind: str, seed: int, max_steps: int | None) -> Path:
     return runs / task / kind / (f"seed{seed}" + (f"-steps{max_steps}" if max_steps else ""))
 
@@ -312,7 +333,8 @@ def read_run(run_dir: Path) -> dict | None:
             "steps_done": int(max((r.get("step", 0) for r in rows), default=0)), "rows": rows,
             "test_acc": last_value(rows, "test/acc"), "val_acc": last_value(rows, "val/acc"),
             "val_curve": sorted(curve.items()), "devices": run_devices(run_dir),
-            "speed": steady_speed(rows), "finished": finished(run_dir, rows)}
+            "speed": steady_speed(rows), "finished": finished(run_dir, rows),
+            "model_drift": model_drift(task, OmegaConf.to_container(cfg.model) if "model" in cfg else {})}
 
 
 def run_devices(run_dir: Path) -> list[str]:
@@ -407,7 +429,8 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
                     out["unfinished"].append({"task": task, "kind": kind, "seed": s, "dir": rel(r["dir"]),
                                               "steps_done": r["steps_done"], "max_steps": r["max_steps"],
                                               "val_acc": r["val_acc"], "command": own_command(r["dir"], True),
-                                              "devices": r.get("devices", [])})
+                                              "devices": r.get("devices", []),
+                                              "model_drift": r.get("model_drift", [])})
                 if r["source"] is not None:
                     out["data"][task] = {"source": r["source"], "note": stand_in(task, r["source"])}
             if done:
@@ -417,7 +440,8 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
                     "max_steps": sorted({r["max_steps"] for r in done.values()}),
                     "recipe_steps": recipe(task)["max_steps"], "dirs": [rel(r["dir"]) for r in done.values()],
                     "commands": {int(s): own_command(r["dir"]) for s, r in sorted(done.items())},
-                    "devices": sorted({d for r in done.values() for d in r.get("devices", ())})}
+                    "devices": sorted({d for r in done.values() for d in r.get("devices", ())}),
+                    "model_drift": sorted({d for r in done.values() for d in r.get("model_drift", ())})}
             sp = found["speed"].get((task, kind))
             if (task, kind) in (found.get("speed_status") or {}):  # failed, cut off (partly measured), no time
                 out["speed_status"].setdefault(task, {})[kind] = found["speed_status"][(task, kind)]
@@ -548,7 +572,8 @@ def markdown(summary: dict, meta: dict) -> str:
 
     lines += ["", "Runs (accuracy): steps run / the recipe's, seeds, the command of each seed's run, where it ran "
               "(its calls.csv):", "",
-              "| task | attention | steps | seeds: test acc (%) | command | device |", "|---|---|---|---|---|---|"]
+              "| task | attention | steps | seeds: test acc (%) | command | device | model differs from today's |",
+              "|---|---|---|---|---|---|---|"]
     for t in tasks:
         for kind in kinds:
             a = summary["accuracy"][t].get(kind)
@@ -556,13 +581,15 @@ def markdown(summary: dict, meta: dict) -> str:
                 cmds = "; ".join(f"`{c}`" for c in (a.get("commands") or {}).values() if c)
                 lines.append(f"| {TASK_TITLES[t]} | {kind} | {'/'.join(map(str, a['max_steps']))} of "
                              f"{a['recipe_steps']} | " + ", ".join(f"{s}: {v:.1f}" for s, v in a["seeds"].items())
-                             + f" | {cmds} | {'; '.join(a.get('devices') or [])} |")
+                             + f" | {cmds} | {'; '.join(a.get('devices') or [])} | {'; '.join(a.get('model_drift') or [])} |")
     cut = summary.get("unfinished") or []
     if cut:
         lines += ["", "Runs cut off (resumable; the commands are under Missing), the last validation accuracy:", "",
-                  "| task | attention | seed | steps done | val acc (%) | device |", "|---|---|---|---|---:|---|"]
+                  "| task | attention | seed | steps done | val acc (%) | device | model differs from today's |",
+                  "|---|---|---|---|---:|---|---|"]
         lines += [f"| {TASK_TITLES[u['task']]} | {u['kind']} | {u['seed']} | {u['steps_done']} of {u['max_steps']} "
-                  f"| {_f(u.get('val_acc') and 100 * u['val_acc'])} | {'; '.join(u.get('devices') or [])} |"
+                  f"| {_f(u.get('val_acc') and 100 * u['val_acc'])} | {'; '.join(u.get('devices') or [])} "
+                  f"| {'; '.join(u.get('model_drift') or [])} |"
                   for u in cut]
     if summary.get("curves"):
         lines += ["", "Validation accuracy of every run against its step: table3_curves.png."]

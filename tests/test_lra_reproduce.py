@@ -442,3 +442,20 @@ def test_a_run_stopped_by_its_budget_is_resumed_not_taken_as_finished(tmp_path, 
     with open(d / "calls.csv", "a") as f:  # a third call that reached max_steps
         f.write("3,300,62400,62100,9,2026-11-25T09:00:00+00:00,2026-11-25T09:09:00+00:00,finished,x,GPU X x 1\n")
     assert R.finished(d)
+
+
+def test_runs_made_before_a_model_change_are_marked(tmp_path):
+    now = R.recipe_model("listops")
+    assert R.model_drift("listops", now) == []
+    old = {k: v for k, v in now.items() if k != "embedding_std"}
+    assert R.model_drift("listops", old) == ["embedding_std: unset (now 1.0)"]
+    assert R.model_drift("listops", dict(now, n_layer=2)) == [f"n_layer: 2 (now {now['n_layer']})"]
+    root = tmp_path / "runs"
+    d = R.accuracy_dir(root, "listops", "flash", 1, None)
+    write_run(d, "listops", "flash", test_acc=0.4)
+    cfg = OmegaConf.load(d / ".hydra" / "config.yaml")
+    cfg.model = old
+    OmegaConf.save(cfg, d / ".hydra" / "config.yaml")
+    s = R.main(["--collect", str(root), "--out", str(tmp_path / "out"), "--tasks", "listops"])
+    assert s["accuracy"]["listops"]["flash"]["model_drift"] == ["embedding_std: unset (now 1.0)"]
+    assert "| embedding_std: unset (now 1.0) |" in (tmp_path / "out" / "table3.md").read_text()

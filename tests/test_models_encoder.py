@@ -149,3 +149,24 @@ def test_activation_checkpointing_keeps_fewer_tensors_for_the_backward():
     plain, ckpt = SequenceClassifier(**kw).train(), SequenceClassifier(**kw, activation_checkpointing=True).train()
     scores = 2 * 2 * 256 * 256 * 4  # batch x heads x seqlen^2 float32, one layer's probabilities
     assert saved_bytes(plain, ids) > 4 * scores > saved_bytes(ckpt, ids)
+
+
+def test_lra_classifiers_draw_the_token_table_from_a_unit_normal():
+    """LRA's encoders (nn.Embed, normal(stddev=1.0)): every LRA model config builds its classifier so, and
+    the default stays BERT's 0.02 for the other encoders."""
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, register_resolvers
+
+    register_resolvers()
+    torch.manual_seed(0)
+    for task in ("listops", "text", "retrieval", "image", "pathfinder"):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=[f"experiment=lra/{task}", "output_dir=outputs/compose-only"])
+        assert cfg.model.embedding_std == 1.0
+    model = SequenceClassifier(vocab_size=256, num_classes=2, max_positions=16, d_model=64, n_layer=1, n_head=2,
+                               embedding_std=1.0)
+    assert 0.9 < model.embed.word.weight.std().item() < 1.1
+    assert model.head[0].weight.std().item() < 0.03  # the rest keeps the 0.02 init
+    default = SequenceClassifier(vocab_size=256, num_classes=2, max_positions=16, d_model=64, n_layer=1, n_head=2)
+    assert default.embed.word.weight.std().item() < 0.03
