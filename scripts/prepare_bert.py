@@ -5,6 +5,8 @@
     python scripts/prepare_bert.py --source wikipedia       # English Wikipedia via HF datasets (needs a network)
     python scripts/prepare_bert.py --source wikipedia --hf-path parquet --hf-data-files 'wiki/*.parquet'
     python scripts/prepare_bert.py --max-seq-len 128        # another length: its own folder (…-128)
+    python scripts/prepare_bert.py --source corpus --max-train-examples 8000   # corpus-512-n8000: a seeded
+                                        # subset for scripts/bench_bert.py, small enough to carry (~8 MB)
 
 Documents -> sentences -> WordPiece (data/bert/vocab.txt, HF tokenizers) -> sentence pairs up to
 --max-seq-len tokens with 50% random next sentences, 15% masking (80% [MASK] / 10% random / 10% kept,
@@ -63,6 +65,8 @@ def main(argv=None):
                     help="held-out documents (default: 0.05 embedded, 0.005 corpus, 0.001 wikipedia, as the data configs)")
     ap.add_argument("--eval-samples", type=int, default=d.eval_samples)
     ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--max-train-examples", type=int, default=None,
+                    help="keep a seeded random subset of the training examples (default folder <...>-n<N>)")
     ap.add_argument("--num-proc", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--hf-path", default=None, help="wikipedia: dataset path or builder (default wikimedia/wikipedia)")
     ap.add_argument("--hf-name", default=None, help="wikipedia: configuration (default 20231101.en)")
@@ -71,8 +75,10 @@ def main(argv=None):
     val = a.val_fraction if a.val_fraction is not None else {"embedded": 0.05, "corpus": 0.005, "wikipedia": 0.001}[a.source]
     settings = Settings(max_seq_len=a.max_seq_len, max_predictions=a.max_predictions or max_predictions_for(a.max_seq_len),
                         masked_lm_prob=a.masked_lm_prob, short_seq_prob=a.short_seq_prob, dupe_factor=a.dupe_factor,
-                        val_fraction=val, eval_samples=a.eval_samples, seed=a.seed)
-    out = repo_path(a.out) if a.out else CACHE / f"{a.source}-{a.max_seq_len}"
+                        val_fraction=val, eval_samples=a.eval_samples, seed=a.seed,
+                        max_train_examples=a.max_train_examples)
+    cap = f"-n{a.max_train_examples}" if a.max_train_examples else ""
+    out = repo_path(a.out) if a.out else CACHE / f"{a.source}-{a.max_seq_len}{cap}"
     kwargs = {}
     if a.source == "corpus":
         kwargs["text_file"] = registry_corpus_text()

@@ -97,6 +97,23 @@ def test_stamp_names_contents_and_settings_not_paths(tmp_path):
     assert bd.make_stamp(ka, SMALL) != bd.make_stamp(bd.read_texts("corpus", text_file=b)[1], SMALL)
 
 
+def test_capped_training_split_is_a_subset_with_its_own_stamp(prepared, tmp_path):
+    out, meta = prepared
+    n = meta["train"]["examples"] // 3
+    capped = bd.Settings(**{**bd.asdict(SMALL), "max_train_examples": n})
+    cmeta = bd.prepare_examples(_docs(), tmp_path / "capped", capped, stamp="s3", num_proc=1)
+    assert cmeta["train"]["examples"] == n and cmeta["train"]["examples_before_cap"] == meta["train"]["examples"]
+    full = bd.PreparedExamples(out, "train")
+    small = bd.PreparedExamples(tmp_path / "capped", "train")
+    whole = {tuple(full[i]["input_ids"]) for i in range(len(full))}
+    assert all(tuple(small[i]["input_ids"]) in whole for i in range(len(small)))
+    for name in bd.ARRAYS:  # the evaluation split is untouched by the cap
+        assert np.array_equal(np.load(out / "val" / f"{name}.npy"), np.load(tmp_path / "capped" / "val" / f"{name}.npy"))
+    assert bd.make_stamp("x", capped) != bd.make_stamp("x", SMALL)
+    with pytest.raises(ValueError, match="max_train_examples"):
+        bd.Settings(max_train_examples=0).check()
+
+
 def test_truncation_is_counted_and_printed(tmp_path, capsys):
     long_sentence = " ".join(["word"] * 300) + "."
     texts = [long_sentence + " " + TEXT, TEXT, TEXT.replace("whale", "shark")]

@@ -114,12 +114,17 @@ class Settings:
     val_fraction: float = 0.05       # documents held out for the evaluation set
     eval_samples: int = 10_000       # at most this many evaluation examples (MLPerf: 10,000)
     seed: int = 12345                # MLPerf's random_seed
+    # At most this many training examples, a seeded random subset (None: all). A capped folder keeps the
+    # length mix of the full one, small enough to carry to another machine for a throughput benchmark.
+    max_train_examples: int | None = None
 
     def check(self):
         if self.max_seq_len < 8:
             raise ValueError(f"max_seq_len {self.max_seq_len} is too short for [CLS] A [SEP] B [SEP]")
         if self.max_seq_len > 65535 or not 1 <= self.max_predictions <= 255:
             raise ValueError("max_seq_len must fit uint16 and max_predictions uint8")
+        if self.max_train_examples is not None and self.max_train_examples < 1:
+            raise ValueError(f"max_train_examples must be at least 1, got {self.max_train_examples}")
 
 
 def _examples_from_document(d: int, docs, rng, s: Settings, vocab_size: int, out: dict):
@@ -270,7 +275,10 @@ def make_stamp(inputs: str, settings: Settings, vocab=VOCAB) -> str:
     """Inputs' content digest + vocabulary digest + settings + format version; never a path."""
     import hashlib
 
-    key = json.dumps([inputs, file_digest([check_vocab(vocab)]), asdict(settings), FORMAT_VERSION], sort_keys=True)
+    fields = asdict(settings)
+    if fields["max_train_examples"] is None:  # uncapped folders keep the stamps they had before the cap existed
+        del fields["max_train_examples"]
+    key = json.dumps([inputs, file_digest([check_vocab(vocab)]), fields, FORMAT_VERSION], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -323,9 +331,11 @@ def prepare_examples(texts, out_dir, settings: Settings = Settings(), *, stamp: 
         if merged is None or len(merged["lengths"]) == 0:
             raise ValueError(f"the {split} split has no examples ({len(split_docs[split])} documents)")
         stats = {k: sum(p["stats"][k] for p in mine) for k in mine[0]["stats"]}
-        if split == "val" and len(merged["lengths"]) > settings.eval_samples:
-            keep = np.sort(np.random.default_rng([settings.seed, 11]).permutation(len(merged["lengths"]))
-                           [:settings.eval_samples])
+        cap = settings.eval_samples if split == "val" else settings.max_train_examples
+        if cap is not None and len(merged["lengths"]) > cap:
+            keep = np.sort(np.random.default_rng([settings.seed, 11 if split == "val" else 13])
+                           .permutation(len(merged["lengths"]))[:cap])
+            stats["examples_before_cap"] = len(merged["lengths"])
             merged = _select(merged, keep)
         offsets = np.concatenate([[0], np.cumsum(merged.pop("lengths"))]).astype(np.int64)
         (tmp / split).mkdir(parents=True, exist_ok=True)
