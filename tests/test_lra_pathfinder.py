@@ -130,6 +130,27 @@ def test_markers_on_one_curve_iff_positive(resolution, n):
         assert walk[_pixel(info["markers"][1])] == bool(label), (resolution, i, label)
 
 
+def test_target_curves_three_quarters_as_bright_as_distractors_at_32_only():
+    """The original's intensities: distractors at snake contrast (2 at 32x32), targets at snake x paddle
+    contrast (2 x 0.75), markers at 1, the image scaled to a brightest pixel of 255. Means over the lit
+    pixels of each kind of curve away from the markers, over 8 images: ~0.75 at 32, ~1 at 128."""
+    for resolution, lo, hi in ((32, 0.68, 0.82), (128, 0.95, 1.05)):
+        ratios = []
+        for i in range(8):
+            img, _, info = pf.sample(resolution, "hard", 5, i, debug=True)
+            assert img.max() == 255
+            cid = info["curve_id"]
+            yy, xx = np.mgrid[:resolution, :resolution] + 0.5
+            near = np.zeros(img.shape, bool)
+            for cy, cx in info["markers"]:
+                near |= (yy - cy) ** 2 + (xx - cx) ** 2 <= (info["cfg"]["marker_radius"] + 1.5) ** 2
+            t = img[(cid >= 0) & (cid < 2) & ~near].astype(float)
+            d = img[(cid >= 2) & ~near].astype(float)
+            if (d > 0).any():
+                ratios.append(t[t > 0].mean() / d[d > 0].mean())
+        assert lo < np.mean(ratios) < hi, (resolution, ratios)
+
+
 def _features(resolution, n, seed):
     f, y = [], []
     for i in range(n):

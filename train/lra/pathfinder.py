@@ -22,7 +22,10 @@ Departures from the original generator (drewlinsley/pathfinder, snakes2.py), all
   the pair (restarts almost never succeed at 64x64: a 14-dash curve is 1.6x the canvas width);
 - no dash of another curve comes within marker_radius + 2 * margin + thickness / 2 of a target end, so a
   marker never touches a foreign curve (the original sometimes drew markers over distractors);
-- the canvas is a float image in [0, 1] stored as uint8; curves carry the LRA release's contrast.
+- the canvas is a float image, scaled so that its brightest pixel is 255, as the original saves it.
+  Intensities follow the original: distractors at snake_contrast, the two target curves at snake_contrast
+  x paddle_contrast, markers at 1. At 32x32 (snake 2, paddle 0.75) the targets are thus 3/4 as bright as the
+  distractors, a cue the released images carry too; at the other sizes all curves are alike.
 
 Sample i is a pure function of (seed, i) (numpy Generator seeded with both), so any split of the work
 over processes writes identical bytes. Labels come in pairs (2k, 2k + 1) with one positive each, in an
@@ -57,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-GENERATOR_VERSION = 1  # bump when a change alters the images; it is part of the cache stamp
+GENERATOR_VERSION = 2  # bump when a change alters the images; it is part of the cache stamp
 DIFFICULTY = {"easy": 6, "intermediate": 9, "hard": 14}  # contour length in dashes
 ORIGINAL_DIRS = {"easy": "curv_baseline", "intermediate": "curv_contour_length_9", "hard": "curv_contour_length_14"}
 AA = 2  # drawn at 2x, then averaged down
@@ -74,16 +77,17 @@ class Settings:
     seed_distance: int  # distance between the two target curves' starts; first start >= 2x this from the border
     continuity: float  # turn prior: weight cos(min(|dtheta| * continuity, pi/2))^2
     distractor_budget: int  # num distractor curves = budget // distractor length (Python 2 integer division)
-    contrast: float  # snake contrast x paddle contrast of the LRA release (curves only; markers are 1)
+    snake_contrast: float  # snake_contrast_list: every curve's intensity (markers are 1)
+    paddle_contrast: float  # paddle_contrast_list: a further factor on the two target curves only
     padding: int = 1  # empty border
 
 
 # From DATA.md / the LRA TFDS builders' docstrings (the settings the released images were made with).
 SETTINGS = {
-    32: Settings(2, 0.5, (1,), 1.5, 7, 1.0, 20, 1.5),
-    64: Settings(5, 1.0, (1,), 2.5, 12, 1.8, 22, 0.8),
-    128: Settings(5, 1.5, (2, 3), 3.0, 20, 1.8, 35, 0.9),
-    256: Settings(5, 2.0, (3,), 5.0, 27, 1.8, 30, 1.0),
+    32: Settings(2, 0.5, (1,), 1.5, 7, 1.0, 20, 2.0, 0.75),
+    64: Settings(5, 1.0, (1,), 2.5, 12, 1.8, 22, 0.8, 1.0),  # paddle contrast: snakes2_wrapper's default 1
+    128: Settings(5, 1.5, (2, 3), 3.0, 20, 1.8, 35, 0.9, 1.0),
+    256: Settings(5, 2.0, (3,), 5.0, 27, 1.8, 30, 1.0, 1.0),
 }
 
 
@@ -355,13 +359,18 @@ def sample(resolution: int, difficulty: str, seed: int, i: int, debug: bool = Fa
     other = origin if label else 1 - origin
     markers = np.stack([curves[origin].start, curves[other].end])
     r = cfg["resolution"]
-    lines = np.zeros((r * AA, r * AA), np.float32)
     a, b, owner = c.dashes()
-    _draw_dashes(lines, a, b, cfg["thickness"])
-    dots = np.zeros_like(lines)
+    is_target = owner < 2  # curves 0 and 1 are the targets (_targets)
+    layers = []
+    for keep, contrast in ((is_target, cfg["snake_contrast"] * cfg["paddle_contrast"]),
+                           (~is_target, cfg["snake_contrast"])):
+        lines = np.zeros((r * AA, r * AA), np.float32)
+        _draw_dashes(lines, a[keep], b[keep], cfg["thickness"])
+        layers.append(_downsample(lines) * contrast)
+    dots = np.zeros((r * AA, r * AA), np.float32)
     _draw_markers(dots, markers, cfg["marker_radius"])
-    img = np.maximum(np.minimum(_downsample(lines) * cfg["contrast"], 1.0), _downsample(dots))
-    img = np.round(img * 255).astype(np.uint8)
+    img = np.maximum(np.maximum(*layers), _downsample(dots))
+    img = np.round(img / img.max() * 255).astype(np.uint8)
     if not debug:
         return img, label
     per_curve = []
