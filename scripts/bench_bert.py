@@ -87,6 +87,15 @@ def timed_lengths(args):
     return np.array([len(stream[i]["input_ids"]) for i in idx])
 
 
+def data_source_of(data_dir: str | None, given: str | None) -> str:
+    """The data config's source: the one given, else the one the prepared folder records (a config of another
+    source would not read that folder: train/bert_data.py refuses to rebuild it from its own text)."""
+    if given is not None:
+        return given
+    meta = repo_path(data_dir) / "meta.json" if data_dir else None
+    return json.loads(meta.read_text()).get("source", "embedded") if meta and meta.exists() else "embedded"
+
+
 def data_stamp(args) -> str:
     """The prepared folder's stamp (its inputs and settings): rows compare only on one stamp."""
     meta = Path(args.data_dir) / "meta.json"
@@ -265,7 +274,8 @@ def main():
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--data-dir", default=None, help="prepared BERT examples (default data/cache/bert/embedded-<seq-len>)")
-    ap.add_argument("--data-source", default="embedded", choices=["embedded", "corpus", "wikipedia"])
+    ap.add_argument("--data-source", default=None, choices=["embedded", "corpus", "wikipedia"],
+                    help="default: the source recorded in --data-dir's meta.json, else embedded")
     ap.add_argument("--row-timeout", type=int, default=300)
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the timed steps, profile N more (torch.profiler) and add a table of where a "
@@ -276,6 +286,7 @@ def main():
                     help="keep the rows of an existing bench_bert.json in --out that this run does not redo "
                          "(split the rows over several device calls)")
     args = ap.parse_args()
+    args.data_source = data_source_of(args.data_dir, args.data_source)
     args.data_dir = str(repo_path(args.data_dir or f"data/cache/bert/{args.data_source}-{args.seq_len}"))
     args.workdir = str(repo_path(args.workdir))
 

@@ -136,3 +136,11 @@ def test_bert_quality_says_when_no_level_was_reached():
     text = bq.markdown(curves, summary, {"gpu": "cpu", "torch": "x", "triton": "x", "cuda": None, "date": "d",
                                          "command": "c"}, [])
     assert "No accuracy level from 0.10 up was reached" in text
+
+
+def test_data_source_comes_from_the_prepared_folder(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps({"source": "corpus"}))
+    assert bench.data_source_of(str(tmp_path), None) == "corpus"
+    assert bench.data_source_of(str(tmp_path), "embedded") == "embedded"  # given wins
+    assert bench.data_source_of(None, None) == "embedded"
+    assert bench.data_source_of(str(tmp_path / "not-there"), None) == "embedded"

@@ -114,6 +114,20 @@ def test_capped_training_split_is_a_subset_with_its_own_stamp(prepared, tmp_path
         bd.Settings(max_train_examples=0).check()
 
 
+def test_a_folder_of_another_source_is_not_rebuilt(prepared, tmp_path):
+    import shutil
+
+    out, _ = prepared
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps(dict(meta, source="corpus")))
+    before = (other / "train" / "input_ids.npy").read_bytes()
+    with pytest.raises(ValueError, match="prepared from source 'corpus', not 'embedded'"):
+        bd.prepare_examples(_docs(), other, SMALL, stamp="another", num_proc=1, source="embedded")
+    assert (other / "train" / "input_ids.npy").read_bytes() == before
+
+
 def test_truncation_is_counted_and_printed(tmp_path, capsys):
     long_sentence = " ".join(["word"] * 300) + "."
     texts = [long_sentence + " " + TEXT, TEXT, TEXT.replace("whale", "shark")]

@@ -300,6 +300,12 @@ def prepare_examples(texts, out_dir, settings: Settings = Settings(), *, stamp: 
         return json.loads((out_dir / "meta.json").read_text())
     if (out_dir / "meta.json").exists():  # a rebuild is not silent: runs that read the old examples no longer compare
         old = json.loads((out_dir / "meta.json").read_text())
+        if source and old.get("source") and old["source"] != source:
+            # another source's folder (e.g. data_dir pointed at a corpus folder with the embedded config):
+            # rebuilding would replace examples that took a fetch and minutes to make
+            raise ValueError(f"{out_dir} holds examples prepared from source {old['source']!r}, not {source!r}; "
+                             f"read it with data.source={old['source']} (bench_bert.py: --data-source "
+                             f"{old['source']}) or give another data_dir")
         changed = {k: (v, asdict(settings).get(k)) for k, v in old.get("settings", {}).items()
                    if asdict(settings).get(k) != v}
         print(f"{out_dir}: rebuilding, its examples (stamp {old.get('stamp')}) were made from other inputs or "
