@@ -140,9 +140,10 @@ def model_drift(task: str, run_model) -> list[str]:
     builds today (a key the run's config lacks took the constructor's default at the time): a run made
     before a model change is then marked in the table instead of being taken for the current recipe."""
     run = dict(run_model or {})
-    return [f"{k}: {run.get(k, 'unset')} (now {v})" for k, v in recipe_model(task).items()
-            if not isinstance(v, str) or not v.startswith("${")  # interpolations: compared resolved elsewhere
-            if run.get(k) != v]
+    # settings written as interpolations (${...}) are left out: the file and the run may hold them in
+    # different (resolved or not) forms, and they follow other settings that are compared themselves
+    literal = {k: v for k, v in recipe_model(task).items() if not (isinstance(v, str) and v.startswith("${"))}
+    return [f"{k}: {run.get(k, 'unset')} (now {v})" for k, v in literal.items() if run.get(k) != v]
 
 
 def accuracy_dir(runs: Path, task: str, kind: str, seed: int, max_steps: int | None) -> Path:
