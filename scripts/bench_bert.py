@@ -87,19 +87,23 @@ def timed_lengths(args):
     return np.array([len(stream[i]["input_ids"]) for i in idx])
 
 
+def folder_meta(data_dir) -> dict:
+    """A prepared folder's meta.json (train/bert_data.py), read now; {} before it is prepared."""
+    meta = repo_path(data_dir) / "meta.json"
+    return json.loads(meta.read_text()) if meta.exists() else {}
+
+
 def data_source_of(data_dir: str | None, given: str | None) -> str:
     """The data config's source: the one given, else the one the prepared folder records (a config of another
     source would not read that folder: train/bert_data.py refuses to rebuild it from its own text)."""
     if given is not None:
         return given
-    meta = repo_path(data_dir) / "meta.json" if data_dir else None
-    return json.loads(meta.read_text()).get("source", "embedded") if meta and meta.exists() else "embedded"
+    return (folder_meta(data_dir) if data_dir else {}).get("source", "embedded")
 
 
 def data_stamp(args) -> str:
     """The prepared folder's stamp (its inputs and settings): rows compare only on one stamp."""
-    meta = Path(args.data_dir) / "meta.json"
-    return json.loads(meta.read_text())["stamp"] if meta.exists() else "?"
+    return folder_meta(args.data_dir).get("stamp", "?")
 
 
 def check_same_data(rows: list[dict], env: dict):

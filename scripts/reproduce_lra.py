@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -124,6 +125,7 @@ def recipe(task: str) -> dict:
             "eval_every_steps": int(e.get("eval_every_steps", 1000))}
 
 
+@functools.lru_cache(maxsize=None)  # read_run asks once per run folder; callers only read the dict
 def recipe_model(task: str) -> dict:
     """The model section the experiment builds now: its configs/model file, then the experiment's `model:`."""
     from omegaconf import OmegaConf
@@ -325,6 +327,7 @@ def read_run(run_dir: Path) -> dict | None:
     rows = calls[-1]  # this (or the last) call's metrics.csv
     # the curve spans every call; where two logged the same step, the later (resumed) call's value counts
     curve = {int(r["step"]): r["val/acc"] for part in calls for r in part if "val/acc" in r and "step" in r}
+    call_log = read_calls(run_dir)
     source = OmegaConf.select(cfg, "data.source")
     micro, total = OmegaConf.select(cfg, "data.batch_size"), OmegaConf.select(cfg, "global_batch_size")
     accum = total // micro if isinstance(total, int) and isinstance(micro, int) and micro and total > micro else 1
@@ -333,37 +336,39 @@ def read_run(run_dir: Path) -> dict | None:
             "max_steps": OmegaConf.select(cfg, "trainer.max_steps"), "source": source,
             "steps_done": int(max((r.get("step", 0) for r in rows), default=0)), "rows": rows,
             "test_acc": last_value(rows, "test/acc"), "val_acc": last_value(rows, "val/acc"),
-            "val_curve": sorted(curve.items()), "devices": run_devices(run_dir),
-            "speed": steady_speed(rows), "finished": finished(run_dir, rows),
+            "val_curve": sorted(curve.items()), "devices": run_devices(call_log),
+            "speed": steady_speed(rows), "finished": finished(run_dir, rows, call_log),
             "model_drift": model_drift(task, OmegaConf.to_container(cfg.model) if "model" in cfg else {})}
 
 
-def run_devices(run_dir: Path) -> list[str]:
-    """'<device> (<first start> .. <last end>)' from the run's calls.csv (train.callbacks.CallLog)."""
+def read_calls(run_dir: Path) -> list[dict] | None:
+    """The rows of the run's calls.csv (train.callbacks.CallLog), one per device call; None without the file."""
     f = run_dir / "calls.csv"
     if not f.exists():
-        return []
+        return None
     with open(f, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+        return list(csv.DictReader(fh))
+
+
+def run_devices(calls: list[dict] | None) -> list[str]:
+    """'<device>, <n> call(s), <first start> .. <last end>' per device of a run's calls.csv rows."""
     by_device: dict = {}
-    for r in rows:
+    for r in calls or []:
         by_device.setdefault(r["device"], []).append(r)
     return [f"{d}, {len(rs)} call(s), {rs[0]['started_utc']} .. {rs[-1]['ended_utc'] or '?'}"
             for d, rs in by_device.items()]
 
 
-def finished(run_dir: Path, rows=None) -> bool:
+def finished(run_dir: Path, rows=None, calls: list[dict] | None = None) -> bool:
     """An accuracy run is finished when it logged test/acc (run.py tests after fit), or when its last call
     ended training (calls.csv; runs with test_after_fit=false). A call stopped by its budget also prints
     run.py's `done:` line, so that line alone counts only for runs without calls.csv."""
     rows = read_metrics(run_dir / "metrics.csv") if rows is None else rows
     if last_value(rows, "test/acc") is not None:
         return True
-    calls = run_dir / "calls.csv"
-    if calls.exists():
-        with open(calls, newline="") as f:
-            statuses = [r["status"] for r in csv.DictReader(f)]
-        return bool(statuses) and statuses[-1] in ("finished", "ended before max_steps")
+    calls = read_calls(run_dir) if calls is None else calls
+    if calls is not None:
+        return bool(calls) and calls[-1]["status"] in ("finished", "ended before max_steps")
     log = run_dir / "stdout.log"
     return log.exists() and any(ln.startswith("done: ") for ln in log.read_text(errors="replace").splitlines())
 
