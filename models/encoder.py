@@ -33,6 +33,7 @@ def _default_attention(factory):
 class _EncoderModel(nn.Module):
     """Shared by both: sizes, init (BERT's: normal 0.02, zero biases) and the FLOP count."""
 
+    packs_tokens = True  # a mask packs the real tokens once per forward: train.task.compile_model compiles per Block
     causal = False
 
     def _setup(self, n_layer, d_model, n_head):

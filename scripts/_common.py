@@ -99,10 +99,11 @@ def markdown_header(title: str, meta: dict) -> list[str]:
     return [f"# {title}{gpu}", "", f"{versions}, {meta['date']}.", f"Command: `{meta['command']}`", ""]
 
 
-def step_timer(warmup: int, total: int):
+def step_timer(warmup: int, total: int, per_step: bool = False):
     """A Lightning callback timing optimizer steps warmup .. total of a training run, with a device sync
     at both ends; after fit: .t0, .t1 (perf_counter seconds) and .loss (the last step's). Resets the peak
-    memory counter when training starts."""
+    memory counter when training starts. per_step: also a sync after every timed optimizer step, and .step_ms
+    (each step's time; one sync per step, so leave it off where the step is short)."""
     import time
 
     import lightning as L
@@ -119,10 +120,18 @@ def step_timer(warmup: int, total: int):
             if trainer.global_step == warmup and not hasattr(self, "t0"):
                 cuda and torch.cuda.synchronize()
                 self.t0 = time.perf_counter()
-            if trainer.global_step == total:
+                self.ends, self._last = [], warmup
+            elif per_step and hasattr(self, "t0") and warmup < trainer.global_step <= total and trainer.global_step != self._last:
+                cuda and torch.cuda.synchronize()  # one sync per timed optimizer step: the per-step times
+                self.ends.append(time.perf_counter())
+                self._last = trainer.global_step
+            # Once: with gradient accumulation global_step stays at `total` for the next step's micro-batches
+            if trainer.global_step == total and not hasattr(self, "t1"):
                 cuda and torch.cuda.synchronize()
                 self.t1 = time.perf_counter()
-                self.loss = float(outputs["loss"])
+                # Lightning hands on the loss divided by the accumulation count
+                self.loss = float(outputs["loss"]) * trainer.accumulate_grad_batches
+                self.step_ms = per_step and [1000 * (b - a) for a, b in zip([self.t0] + self.ends, self.ends)]
 
     return StepTimer()
 

@@ -3,11 +3,14 @@
     python scripts/bench_bert.py                                  # every row -> results/bert/bench_bert.{md,json}
     python scripts/bench_bert.py --rows ours-flash,hf-sdpa --steps 20
     python scripts/bench_bert.py --data-dir data/cache/bert/corpus-512   # after prepare_bert.py --source corpus
+    python scripts/bench_bert.py --batch 56 --accumulate 8        # the recipe's LAMB step (448 sequences)
 
 The batches: MLPerf-style examples of the committed corpus (train/bert_data.py, prepared on first use;
 sequence 512, natural length mix, every batch padded to 512 as MLPerf's records are), the same stream
 for every row. Model: BERT-large (--model), random initialisation, dropout 0.1, bf16 autocast, LAMB
-(pytorch_optimizer, MLPerf's numbers), gradient clipping 1.0, loss = masked LM + next sentence.
+(pytorch_optimizer, MLPerf's numbers), gradient clipping 1.0, loss = masked LM + next sentence. A timed
+step is one LAMB step over --accumulate micro-batches (1: a LAMB step per micro-batch; the recipe,
+experiment=bert/large-mlperf, accumulates 8 micro-batches of 56).
 
 Rows (each in its own process: clean peak memory, no shared compile caches), with and without torch.compile:
   hf-eager, hf-sdpa[-compile]   transformers.BertForPreTraining (attn_implementation eager / sdpa): padded
@@ -28,7 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-from _common import (LoopTimer, markdown_header, profile_markdown, rel, rel_arg, repo_path, repo_root,
+from _common import (LoopTimer, markdown_header, profile_markdown, pyplot, rel, rel_arg, repo_path, repo_root,
                      require_some_rows, run_metadata, run_row, step_profiler, step_timer)
 
 repo_root()
@@ -76,14 +79,16 @@ def datamodule(args, num_samples: int):
 
 
 def timed_lengths(args):
-    """Real lengths of the timed batches' sequences (samples warmup*B .. (warmup+steps)*B of the stream)."""
+    """Real lengths of the timed steps' sequences (samples warmup*S .. (warmup+steps)*S of the stream, S the
+    sequences per LAMB step)."""
     import numpy as np
 
     from train.bert_data import Shuffled
 
-    dm = datamodule(args, (args.warmup + args.steps) * args.batch)
-    stream = Shuffled(dm.train_set, args.seed, (args.warmup + args.steps) * args.batch)
-    idx = range(args.warmup * args.batch, (args.warmup + args.steps) * args.batch)
+    per_step = args.batch * args.accumulate
+    dm = datamodule(args, (args.warmup + args.steps) * per_step)
+    stream = Shuffled(dm.train_set, args.seed, (args.warmup + args.steps) * per_step)
+    idx = range(args.warmup * per_step, (args.warmup + args.steps) * per_step)
     return np.array([len(stream[i]["input_ids"]) for i in idx])
 
 
@@ -145,8 +150,10 @@ def run_hf(args, attn_impl: str, compile_: bool) -> dict:
         torch.cuda.reset_peak_memory_stats()
     loss = None
     timer = LoopTimer(args.warmup, total, args.profile)
-    for step, batch in enumerate(datamodule(args, (total + args.profile) * args.batch).train_dataloader()):
-        timer.at(step)
+    accum = args.accumulate
+    for micro, batch in enumerate(datamodule(args, (total + args.profile) * args.batch * accum).train_dataloader()):
+        if micro % accum == 0:
+            timer.at(micro // accum)
         batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
         labels = torch.full_like(batch["input_ids"], -100)
         valid = batch["mlm_labels"] != -100
@@ -156,10 +163,11 @@ def run_hf(args, attn_impl: str, compile_: bool) -> dict:
             out = fwd(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long(),
                       token_type_ids=batch["token_type_ids"], labels=labels,
                       next_sentence_label=batch["nsp_labels"])
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        (out.loss / accum).backward()  # Lightning's accumulation scales the same way
+        if (micro + 1) % accum == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         loss = out.loss
     timer.end()
     return {"seconds": timer.seconds, "loss": float(loss.detach()), "profile": timer.summary,
@@ -177,7 +185,8 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
     sizes = [f"model.{k}={v}" for k, v in bert_sizes(args).items() if k != "max_positions"]
     overrides = [
         "experiment=bert/large-mlperf", f"attn={attn}", f"compile={str(compile_).lower()}", *data_overrides(args),
-        *sizes, "global_batch_size=null", f"trainer.max_steps={total + args.profile}", "trainer.limit_val_batches=0",
+        *sizes, f"global_batch_size={args.batch * args.accumulate if args.accumulate > 1 else 'null'}",
+        f"trainer.max_steps={total + args.profile}", "trainer.limit_val_batches=0",
         "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
         f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}",
@@ -187,11 +196,12 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
         overrides.append("trainer.accelerator=cpu")
     cfg = compose_config(overrides)
     datamodule_, task, trainer = build(cfg)
-    timer = step_timer(args.warmup, total)
+    timer = step_timer(args.warmup, total, per_step=args.accumulate > 1)
     profiler = step_profiler(total, total + args.profile)
     trainer.callbacks += [timer, profiler] if args.profile else [timer]
     trainer.fit(task, datamodule=datamodule_)
     return {"seconds": timer.t1 - timer.t0, "loss": timer.loss, "profile": profiler.profile.summary,
+            "step_ms_each": [round(t, 1) for t in timer.step_ms or []],
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
             "overrides": [rel_arg(o) for o in overrides]}
 
@@ -204,7 +214,8 @@ def one_row(args) -> dict:
         attn, comp = OURS[name]
         res = run_ours(args, attn, comp)
     lengths = timed_lengths(args)
-    res.update(row=name, data_stamp=data_stamp(args), steps=args.steps, warmup=args.warmup, batch=args.batch, seq_len=args.seq_len,
+    res.update(row=name, data_stamp=data_stamp(args), steps=args.steps, warmup=args.warmup, batch=args.batch,
+               accumulate=args.accumulate, seq_len=args.seq_len,
                model=args.model, real_tokens=int(lengths.sum()), sum_sq_len=int((lengths ** 2).sum()))
     return res
 
@@ -226,7 +237,7 @@ def derive(rows: list[dict], peak_flops: float | None = None, flops_of=None) -> 
 def merge_rows(old: dict, new_rows: list[dict], env: dict) -> tuple[list[dict], dict]:
     """Rows of an earlier run that this one did not redo, plus this run's, in ROWS order; the commands of
     both runs are recorded. Runs with other data or sizes are refused (their numbers do not compare)."""
-    keys = ("data", "data_stamp", "padding_fraction")
+    keys = ("data", "data_stamp", "padding_fraction", "accumulate")
     if any(old["env"].get(k) != env.get(k) for k in keys):
         raise ValueError(f"--merge: {args_of(old['env'])} differs from this run's {args_of(env)}")
     redone = {r["row"] for r in new_rows}
@@ -244,7 +255,8 @@ def args_of(env: dict) -> str:
 def markdown(rows: list[dict], env: dict) -> str:
     first = next((r for r in rows if "real_tokens" in r), {})
     lines = markdown_header(f"BERT-{first.get('model', '?')} pretraining throughput, real padded batches", env) + [
-        f"Data: {env['data']}. Micro-batch {first.get('batch')}, every batch padded to {first.get('seq_len')} tokens; "
+        f"Data: {env['data']}. Micro-batch {first.get('batch')}, {first.get('accumulate', 1)} per LAMB step "
+        f"(a step below), every batch padded to {first.get('seq_len')} tokens; "
         f"padding fraction of the timed batches {env['padding_fraction']:.3f} (mean real length "
         f"{env['mean_length']:.0f}). bf16 autocast, LAMB, clip 1.0, dropout 0.1; {first.get('warmup')} warm-up "
         f"steps, then {first.get('steps')} timed. tokens/s counts real tokens only.",
@@ -267,6 +279,33 @@ def markdown(rows: list[dict], env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(rows: list[dict], env: dict, path) -> None:
+    """Real tokens/s per row as bars, the ratio to hf-sdpa on each; rows that failed are named with their error."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.6))
+    names = [r["row"] for r in rows][::-1]
+    for i, r in enumerate(rows[::-1]):
+        if "tokens_per_s" not in r:
+            err = (r.get("error") or "?").strip().splitlines() or ["?"]
+            ax.text(0, i, f"  failed: {err[-1].split(':')[0][:40]}", va="center", fontsize=8, color="gray")
+            continue
+        color = "tab:blue" if r["row"].startswith("ours") else "tab:gray"
+        ax.barh(i, r["tokens_per_s"] / 1e3, color=color)
+        ratio = f"  {r['vs_hf_sdpa']:.2f}x" if r.get("vs_hf_sdpa") else ""
+        ax.text(r["tokens_per_s"] / 1e3, i, ratio, va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(-0.6, len(names) - 0.4)
+    ax.margins(x=0.1)
+    first = next((r for r in rows if "batch" in r), {})
+    ax.set(xlabel="real tokens/s (thousands)", title=f"BERT-{first.get('model', '?')} training, micro-batch "
+           f"{first.get('batch')} x {first.get('accumulate', 1)}, {100 * env['padding_fraction']:.0f}% padding "
+           f"({env.get('gpu', '?')})")
+    ax.title.set_fontsize(9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=",".join(ROWS))
@@ -274,7 +313,9 @@ def main():
     ap.add_argument("--model", default="large", choices=sorted(MODELS))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=16, help="sequences per micro-batch")
+    ap.add_argument("--accumulate", type=int, default=1,
+                    help="micro-batches per LAMB step (gradient accumulation; the recipe: 8 of 56)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--data-dir", default=None, help="prepared BERT examples (default data/cache/bert/embedded-<seq-len>)")
@@ -290,6 +331,8 @@ def main():
                     help="keep the rows of an existing bench_bert.json in --out that this run does not redo "
                          "(split the rows over several device calls)")
     args = ap.parse_args()
+    if args.accumulate < 1 or args.batch < 1:
+        ap.error(f"--batch {args.batch} and --accumulate {args.accumulate} must be at least 1")
     args.data_source = data_source_of(args.data_dir, args.data_source)
     args.data_dir = str(repo_path(args.data_dir or f"data/cache/bert/{args.data_source}-{args.seq_len}"))
     args.workdir = str(repo_path(args.workdir))
@@ -300,12 +343,12 @@ def main():
 
     lengths = timed_lengths(args)  # prepares the data first where the source prepares on first use
     env = dict(run_metadata(libs=("transformers",)), data=f"{args.data_source} ({rel(args.data_dir)})",
-               data_stamp=data_stamp(args),
+               data_stamp=data_stamp(args), accumulate=args.accumulate,
                padding_fraction=float(1 - lengths.mean() / args.seq_len), mean_length=float(lengths.mean()))
     rows = []
     for name in args.rows.split(","):
         cmd = [sys.executable, __file__, "--row", name, "--model", args.model, "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
+               "--warmup", str(args.warmup), "--batch", str(args.batch), "--accumulate", str(args.accumulate), "--seq-len", str(args.seq_len),
                "--seed", str(args.seed), "--data-dir", args.data_dir, "--data-source", args.data_source,
                "--workdir", args.workdir, "--profile", str(args.profile)]
         rows.append(run_row(cmd, name, args.row_timeout))
@@ -324,6 +367,7 @@ def main():
     (out / "bench_bert.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     md = markdown(rows, env) + "\n".join(profile_markdown(rows) + [""])
     (out / "bench_bert.md").write_text(md)
+    plot(rows, env, out / "bench_bert.png")
     print(md)
 
 

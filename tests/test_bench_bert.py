@@ -55,8 +55,8 @@ def tiny_data(tmp_path_factory):
     return out
 
 
-def _args(tiny_data, tmp_path, row, profile=0):
-    return argparse.Namespace(row=row, model="tiny", steps=2, warmup=1, batch=4, seq_len=64, seed=0,
+def _args(tiny_data, tmp_path, row, profile=0, accumulate=1):
+    return argparse.Namespace(row=row, model="tiny", steps=2, warmup=1, batch=4, accumulate=accumulate, seq_len=64, seed=0,
                               data_dir=str(tiny_data), data_source="corpus", workdir=str(tmp_path), profile=profile)
 
 
@@ -72,6 +72,20 @@ def test_rows_run_in_process_on_a_tiny_bert(tiny_data, tmp_path, row):
         assert r["profile"] is None
     lengths = bench.timed_lengths(_args(tiny_data, tmp_path, row))
     assert r["real_tokens"] == lengths.sum() <= 2 * 4 * 64 and len(lengths) == 8
+
+
+@pytest.mark.parametrize("row", ["hf-sdpa", "ours-sdpa"])
+def test_accumulated_steps_time_only_the_timed_steps(tiny_data, tmp_path, row):
+    """--accumulate: a timed step is a LAMB step over that many micro-batches. The timed window ends at the
+    last timed step, not at the last micro-batch before the profiled ones (Lightning keeps global_step there
+    for a whole step), and the loss is the micro-batch's, not Lightning's loss / accumulation."""
+    one = bench.one_row(_args(tiny_data, tmp_path, row, accumulate=1))
+    r = bench.one_row(_args(tiny_data, tmp_path, row, profile=1, accumulate=3))
+    assert r["accumulate"] == 3 and r["real_tokens"] > 2 * one["real_tokens"]  # 3x the sequences per step
+    assert 9.0 < r["loss"] < 12.0  # ln(30522) + ln 2 = 11.0 at initialisation, not a third of it
+    if row == "ours-sdpa":
+        assert len(r["step_ms_each"]) == 2
+        assert sum(r["step_ms_each"]) == pytest.approx(1000 * r["seconds"], rel=1e-3)
 
 
 @pytest.mark.slow
@@ -144,3 +158,10 @@ def test_data_source_comes_from_the_prepared_folder(tmp_path):
     assert bench.data_source_of(str(tmp_path), "embedded") == "embedded"  # given wins
     assert bench.data_source_of(None, None) == "embedded"
     assert bench.data_source_of(str(tmp_path / "not-there"), None) == "embedded"
+
+
+def test_plot_draws_every_row_and_names_failed_ones(tmp_path):
+    rows = [_row("hf-sdpa", 2.0), _row("ours-flash", 1.0), {"row": "hf-eager", "error": "torch.OutOfMemoryError: CUDA"}]
+    bench.derive(rows)
+    bench.plot(rows, {"padding_fraction": 0.4, "gpu": "test"}, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000

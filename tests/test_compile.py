@@ -107,3 +107,32 @@ def test_padded_classifier_compiles(kind, device):
     ids = torch.randint(0, 50, (2, 32), device=device)
     mask = torch.arange(32, device=device)[None] < torch.tensor([32, 11], device=device)[:, None]
     torch.testing.assert_close(torch.compile(model, backend="aot_eager")(ids, mask), model(ids, mask))
+
+
+def test_packed_encoder_compiles_per_block_once_for_every_batch(device):
+    """compile=true on a packing encoder (train.task.compile_model): each Block compiled on its own, dynamic in
+    the token count, so batches of other lengths and token counts reuse the first graph (no recompilation)
+    and the gradients equal eager ones."""
+    import copy
+
+    from models.encoder import EncoderForMaskedLM
+    from train.task import compile_model
+
+    torch.manual_seed(0)
+    model = EncoderForMaskedLM(vocab_size=50, max_positions=32, d_model=32, n_layer=2, n_head=2, dropout=0.0,
+                               attn_dropout=0.0, attention_factory=FlashAttention).to(device)
+    compiled = copy.deepcopy(model)
+    compile_model(compiled, backend="aot_eager")
+    assert all(getattr(b, "_compiled_call_impl", None) is not None for b in compiled.transformer.blocks)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for lengths in ([32, 11], [7, 25], [30, 30]):  # 43, 32 and 60 real tokens
+            ids = torch.randint(0, 50, (2, 32), device=device)
+            mask = torch.arange(32, device=device)[None] < torch.tensor(lengths, device=device)[:, None]
+            want, got = model(ids, mask)[0], compiled(ids, mask)[0]
+            torch.testing.assert_close(got, want)
+            got.float().square().sum().backward()
+            want.float().square().sum().backward()
+            for (name, a), b in zip(compiled.named_parameters(), model.parameters()):
+                torch.testing.assert_close(a.grad, b.grad, msg=name)
+            model.zero_grad(), compiled.zero_grad()

@@ -39,6 +39,28 @@ def _describe(factory) -> dict | None:
     return {"_target_": f"{f.__module__}.{f.__qualname__}", **kw}
 
 
+def compile_model(model: nn.Module, **compile_kwargs) -> None:
+    """torch.compile in place (parameter names, and so checkpoints, stay those of the plain model).
+
+    Models that pack their tokens (`packs_tokens`: the encoders) compile each transformer Block on its own,
+    dynamic in the token count from the first call, and run the packing, embeddings and heads eagerly. Whole-model
+    compilation broke the graph at the packing's host sync and recompiled as the lengths and token counts
+    changed (a CPU run with TORCH_LOGS=recompiles shows the guards), and BERT-large trained slower than eager
+    that way (results/archive/bert/embedded_accum1_2026-11-25/compile/); block-wise it trains 1.08x faster than
+    eager (results/bert/bench_bert.md). One dynamic Block graph serves every layer and batch.
+    """
+    from models.layers import Block
+
+    if getattr(model, "packs_tokens", False):
+        blocks = [m for m in model.modules() if isinstance(m, Block)]
+        if not blocks:
+            raise ValueError(f"{type(model).__name__} packs tokens but has no transformer Block to compile")
+        for block in blocks:
+            block.compile(dynamic=True, **compile_kwargs)
+    else:
+        model.compile(**compile_kwargs)
+
+
 class Task(L.LightningModule):
     """Shared optimisation; subclasses define the steps, the metrics and, if not padded dicts, batch_tokens.
 
@@ -56,7 +78,7 @@ class Task(L.LightningModule):
         self.scheduler_factory = scheduler
         self.no_decay = no_decay_names(model)  # decided on the plain model, before any wrapping
         if compile:
-            model.compile()  # in place: parameter names (and checkpoints) stay those of the plain model
+            compile_model(model)
 
     # ---- what the speed/MFU callback reads ------------------------------------------------------
     def batch_tokens(self, batch) -> tuple:
