@@ -43,18 +43,33 @@ class PackedBatch:
         return self.cu_seqlens[1:] - self.cu_seqlens[:-1]
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor) -> "PackedBatch":
-        """From a (batch, seqlen) mask, True/1 at real tokens. One device-to-host copy (the lengths)."""
+    def from_mask(cls, attention_mask: torch.Tensor, lengths_host=None) -> "PackedBatch":
+        """From a (batch, seqlen) mask, True/1 at real tokens. One device-to-host copy (the lengths), unless
+        `lengths_host` gives them: the per-row counts of real tokens (a list or CPU tensor), read
+        before the mask went to the device (train.task.Task adds them to every batch). Then nothing
+        waits for the device, and the device checks them against the mask asynchronously (a mismatch
+        fails the next synchronising call, never computes quietly on wrong bounds)."""
         if attention_mask.dim() != 2:
             raise ValueError(f"attention_mask must be (batch, seqlen), got shape {tuple(attention_mask.shape)}")
-        if attention_mask.dtype != torch.bool:
-            if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
-                raise TypeError(f"attention_mask must be bool or integer (1 = real token), got {attention_mask.dtype}")
-            if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-                raise ValueError("attention_mask must hold only 0 and 1 (1 = real token)")
+        if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
+            raise TypeError(f"attention_mask must be bool or integer (1 = real token), got {attention_mask.dtype}")
+        batch, seqlen = attention_mask.shape
         mask = attention_mask.bool()
-        lengths = mask.sum(dim=1, dtype=torch.int32)
-        lengths_host = lengths.tolist()  # the one sync: max_seqlen sizes the kernel grids
+        lengths = mask.sum(dim=1, dtype=torch.int32)  # on the device: cu_seqlens always come from the mask
+        if lengths_host is None:
+            if attention_mask.dtype != torch.bool and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+                raise ValueError("attention_mask must hold only 0 and 1 (1 = real token)")
+            lengths_host = lengths.tolist()  # the one sync: max_seqlen sizes the kernel grids
+        else:
+            lengths_host = [int(n) for n in (lengths_host.tolist() if torch.is_tensor(lengths_host) else lengths_host)]
+            if len(lengths_host) != batch or any(n > seqlen or n < 0 for n in lengths_host):
+                raise ValueError(f"lengths {lengths_host} do not fit an attention_mask of shape {(batch, seqlen)}")
+            # The host values size the grids (max) and the packed tensor (total): the device checks both
+            # against the mask without a copy either way.
+            agree = (lengths.sum() == sum(lengths_host)) & (lengths.max() == max(lengths_host))
+            if attention_mask.dtype != torch.bool:
+                agree = agree & ((attention_mask == 0) | (attention_mask == 1)).all()
+            torch._assert_async(agree, "lengths differ from attention_mask.sum(1), or the mask is not 0/1")
         if min(lengths_host) == 0:
             raise ValueError(f"sequence {lengths_host.index(0)} of the batch has no real token "
                              "(an all-zero attention_mask row); drop empty sequences before the model")

@@ -83,9 +83,11 @@ class EncoderForMaskedLM(_EncoderModel):
         self._setup(n_layer, d_model, n_head)
         self.mlm_decoder.weight = self.embed.word.weight  # tied, as in BERT
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None):
-        """-> (logits (batch, P or seqlen, vocab), next-sentence logits (batch, 2) or None)."""
-        hidden, packed = self.transformer(self.embed(input_ids, token_type_ids), attention_mask)
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None, seq_lengths=None):
+        """-> (logits (batch, P or seqlen, vocab), next-sentence logits (batch, 2) or None). seq_lengths:
+        attention_mask.sum(1) from the host, optional (it spares packing its host sync)."""
+        hidden, packed = self.transformer(self.embed(input_ids, token_type_ids), attention_mask,
+                                          lengths=seq_lengths)
         if masked_positions is not None:
             at = gather_positions(hidden, packed, masked_positions)
         else:
@@ -122,8 +124,9 @@ class SequenceClassifier(_EncoderModel):
         # input's norm: pixel values then barely reach attention (Pathfinder stayed at chance that way).
         nn.init.normal_(self.embed.word.weight, mean=0.0, std=embedding_std)
 
-    def forward(self, input_ids, attention_mask=None, input_ids_2=None, attention_mask_2=None):
-        """-> class logits (batch, num_classes)."""
+    def forward(self, input_ids, attention_mask=None, input_ids_2=None, attention_mask_2=None, seq_lengths=None,
+                seq_lengths_2=None):
+        """-> class logits (batch, num_classes). seq_lengths(_2): each mask's sum(1) from the host, optional."""
         if self.two_inputs != (input_ids_2 is not None):
             raise ValueError("this classifier was built with two_inputs="
                              f"{self.two_inputs}; pass input_ids_2 exactly when two_inputs is set")
@@ -136,7 +139,8 @@ class SequenceClassifier(_EncoderModel):
             input_ids = torch.cat([input_ids, input_ids_2])
             if attention_mask is not None:
                 attention_mask = torch.cat([attention_mask, attention_mask_2])
-        hidden, packed = self.transformer(self.embed(input_ids), attention_mask)
+            seq_lengths = None if seq_lengths is None or seq_lengths_2 is None else [*seq_lengths, *seq_lengths_2]
+        hidden, packed = self.transformer(self.embed(input_ids), attention_mask, lengths=seq_lengths)
         pooled = pool(hidden, packed, self.pooling)
         if self.two_inputs:
             u, v = pooled.chunk(2)

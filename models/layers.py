@@ -153,12 +153,14 @@ class Transformer(nn.Module):
         self.final_norm = nn.LayerNorm(dim, eps=layer_norm_eps) if final_norm else None
         self.activation_checkpointing = activation_checkpointing
 
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, causal: bool = False):
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, causal: bool = False,
+                lengths=None):
         """x (batch, seqlen, dim) -> (hidden, packed). With a mask: hidden (total_tokens, dim) and the
-        PackedBatch that locates them; without: hidden (batch, seqlen, dim) and None."""
+        PackedBatch that locates them; without: hidden (batch, seqlen, dim) and None. lengths: the mask's
+        per-row counts from the host, which spares packing its host sync (PackedBatch.from_mask)."""
         packed = None
         if attention_mask is not None:
-            packed = PackedBatch.from_mask(attention_mask)
+            packed = PackedBatch.from_mask(attention_mask, lengths)
             x = unpad(x, packed)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:

@@ -111,7 +111,7 @@ def test_one_unpad_and_no_per_layer_sync_per_forward(monkeypatch, device):
 
     built, host_checks = [], []
     from_mask = PackedBatch.from_mask.__func__
-    monkeypatch.setattr(PackedBatch, "from_mask", classmethod(lambda cls, m: built.append(1) or from_mask(cls, m)))
+    monkeypatch.setattr(PackedBatch, "from_mask", classmethod(lambda cls, m, n=None: built.append(1) or from_mask(cls, m, n)))
     check = F.check_inputs
     monkeypatch.setattr(F, "check_inputs", lambda *a, **kw: host_checks.append(kw.get("cu_seqlens_q") is not None)
                         or check(*a, **kw))
@@ -122,6 +122,65 @@ def test_one_unpad_and_no_per_layer_sync_per_forward(monkeypatch, device):
     model(ids, mask, ids.flip(0), mask.flip(0))
     assert built == [1]
     assert host_checks == [False] * 3  # three layers, none syncing on cu_seqlens
+
+
+def test_host_lengths_pack_alike_without_reading_the_device(monkeypatch):
+    """Lengths given from the host build the same PackedBatch and read nothing back from the device; lengths
+    that disagree with the mask fail (an async device assert: on a CPU at once), never pack quietly."""
+    mask = ragged_mask([5, 8, 3], 8, "cpu")
+    want = PackedBatch.from_mask(mask)
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("read lengths back from the device"))
+    got = PackedBatch.from_mask(mask, [5, 8, 3])
+    monkeypatch.undo()
+    assert (got.max_seqlen, got.total) == (want.max_seqlen, want.total) == (8, 16)
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.cu_seqlens, want.cu_seqlens)
+    with pytest.raises(RuntimeError, match="lengths differ"):
+        PackedBatch.from_mask(mask, [5, 7, 3])  # total 15 of 16
+    with pytest.raises(RuntimeError, match="lengths differ"):
+        PackedBatch.from_mask(mask, [6, 7, 3])  # same total, longest 7 of 8
+    with pytest.raises(RuntimeError, match="lengths differ"):
+        PackedBatch.from_mask(torch.where(mask, 2, 0), [5, 8, 3])  # not a 0/1 mask
+    with pytest.raises(ValueError, match="do not fit"):
+        PackedBatch.from_mask(mask, [5, 8])
+
+
+def test_task_hands_packing_models_host_lengths(device):
+    """train.task.Task reads each mask's lengths while the batch is on the host; the model's output with
+    them equals its output without."""
+    from models.encoder import SequenceClassifier
+    from train.task import ClassificationTask
+
+    torch.manual_seed(0)
+    model = SequenceClassifier(vocab_size=50, num_classes=3, max_positions=16, d_model=32, n_layer=2, n_head=2,
+                               two_inputs=True, dropout=0.0, attn_dropout=0.0).eval()
+    task = ClassificationTask(model)
+    ids = torch.randint(0, 50, (2, 16))
+    batch = {"input_ids": ids, "attention_mask": ragged_mask([16, 9], 16, "cpu"), "input_ids_2": ids.flip(0),
+             "attention_mask_2": ragged_mask([4, 12], 16, "cpu"), "labels": torch.tensor([0, 2])}
+    plain = task(dict(batch))
+    batch = task.on_before_batch_transfer(batch, 0)
+    assert batch["seq_lengths"] == [16, 9] and batch["seq_lengths_2"] == [4, 12]
+    torch.testing.assert_close(task(batch), plain)
+
+
+@pytest.mark.gpu
+def test_gpu_forward_with_host_lengths_never_syncs():
+    from models.encoder import SequenceClassifier
+
+    model = SequenceClassifier(vocab_size=50, num_classes=3, max_positions=64, d_model=64, n_layer=4, n_head=2,
+                               attention_factory=FlashAttention).cuda().eval()
+    ids = torch.randint(0, 50, (3, 64), device="cuda")
+    mask = ragged_mask([64, 20, 33], 64, "cuda")
+    model(ids, mask, seq_lengths=[64, 20, 33])  # compile and warm up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(ids, mask, seq_lengths=[64, 20, 33])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not [str(w.message) for w in caught if "synchroniz" in str(w.message)]
 
 
 @pytest.mark.gpu

@@ -80,6 +80,17 @@ class Task(L.LightningModule):
         if compile:
             compile_model(model)
 
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        """For models that pack their tokens: each attention mask's per-row counts as host ints, read here
+        while the batch is still on the host, so that packing needs no device-to-host copy. That copy made
+        the host wait for the device at every forward, so the host could never queue work ahead of it."""
+        if getattr(self.model, "packs_tokens", False) and isinstance(batch, dict):
+            for key in [k for k in batch if k.startswith("attention_mask")]:
+                mask = batch[key]
+                if torch.is_tensor(mask) and mask.device.type == "cpu" and mask.dim() == 2:
+                    batch["seq_lengths" + key[len("attention_mask"):]] = (mask != 0).sum(1).tolist()
+        return batch
+
     # ---- what the speed/MFU callback reads ------------------------------------------------------
     def batch_tokens(self, batch) -> tuple:
         """(real tokens, sum of squared sequence lengths) of a training batch, device tensors (no sync).
@@ -175,7 +186,8 @@ class MLMTask(Task):
 
     def forward(self, batch):
         return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                          token_type_ids=batch.get("token_type_ids"), masked_positions=batch["mlm_positions"])
+                          token_type_ids=batch.get("token_type_ids"), masked_positions=batch["mlm_positions"],
+                          seq_lengths=batch.get("seq_lengths"))
 
     def training_step(self, batch, batch_idx):
         mlm_logits, nsp_logits = self(batch)
