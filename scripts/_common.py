@@ -119,19 +119,17 @@ def step_timer(warmup: int, total: int, per_step: bool = False):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if trainer.global_step == warmup and not hasattr(self, "t0"):
                 cuda and torch.cuda.synchronize()
-                self.t0 = time.perf_counter()
-                self.ends, self._last = [], warmup
-            elif per_step and hasattr(self, "t0") and warmup < trainer.global_step <= total and trainer.global_step != self._last:
+                self.t0, self.ends = time.perf_counter(), []
+            elif per_step and hasattr(self, "t0") and trainer.global_step == warmup + len(self.ends) + 1 <= total:
                 cuda and torch.cuda.synchronize()  # one sync per timed optimizer step: the per-step times
                 self.ends.append(time.perf_counter())
-                self._last = trainer.global_step
             # Once: with gradient accumulation global_step stays at `total` for the next step's micro-batches
             if trainer.global_step == total and not hasattr(self, "t1"):
                 cuda and torch.cuda.synchronize()
                 self.t1 = time.perf_counter()
                 # Lightning hands on the loss divided by the accumulation count
                 self.loss = float(outputs["loss"]) * trainer.accumulate_grad_batches
-                self.step_ms = per_step and [1000 * (b - a) for a, b in zip([self.t0] + self.ends, self.ends)]
+                self.step_ms = [1000 * (b - a) for a, b in zip([self.t0] + self.ends, self.ends)] if per_step else None
 
     return StepTimer()
 

@@ -185,7 +185,7 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
     sizes = [f"model.{k}={v}" for k, v in bert_sizes(args).items() if k != "max_positions"]
     overrides = [
         "experiment=bert/large-mlperf", f"attn={attn}", f"compile={str(compile_).lower()}", *data_overrides(args),
-        *sizes, f"global_batch_size={args.batch * args.accumulate if args.accumulate > 1 else 'null'}",
+        *sizes, f"global_batch_size={args.batch * args.accumulate}",
         f"trainer.max_steps={total + args.profile}", "trainer.limit_val_batches=0",
         "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
@@ -252,6 +252,11 @@ def args_of(env: dict) -> str:
     return f"data {env.get('data')}, padding fraction {env.get('padding_fraction')}"
 
 
+def failure(row: dict) -> str:
+    """The last line of a failed row's error (the exception), for the table and the plot."""
+    return ((row.get("error") or "?").strip().splitlines() or ["?"])[-1]
+
+
 def markdown(rows: list[dict], env: dict) -> str:
     first = next((r for r in rows if "real_tokens" in r), {})
     lines = markdown_header(f"BERT-{first.get('model', '?')} pretraining throughput, real padded batches", env) + [
@@ -265,8 +270,7 @@ def markdown(rows: list[dict], env: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "tokens_per_s" not in r:
-            err = (r.get("error") or "?").strip().splitlines() or ["?"]
-            lines.append(f"| {r['row']} | failed: {err[-1][:120]} | | | | | |")
+            lines.append(f"| {r['row']} | failed: {failure(r)[:120]} | | | | | |")
             continue
         ratio = f"{r['vs_hf_sdpa']:.2f}x" if r.get("vs_hf_sdpa") else "-"
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
@@ -286,8 +290,7 @@ def plot(rows: list[dict], env: dict, path) -> None:
     names = [r["row"] for r in rows][::-1]
     for i, r in enumerate(rows[::-1]):
         if "tokens_per_s" not in r:
-            err = (r.get("error") or "?").strip().splitlines() or ["?"]
-            ax.text(0, i, f"  failed: {err[-1].split(':')[0][:40]}", va="center", fontsize=8, color="gray")
+            ax.text(0, i, f"  failed: {failure(r).split(':')[0][:40]}", va="center", fontsize=8, color="gray")
             continue
         color = "tab:blue" if r["row"].startswith("ours") else "tab:gray"
         ax.barh(i, r["tokens_per_s"] / 1e3, color=color)
@@ -348,7 +351,8 @@ def main():
     rows = []
     for name in args.rows.split(","):
         cmd = [sys.executable, __file__, "--row", name, "--model", args.model, "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--batch", str(args.batch), "--accumulate", str(args.accumulate), "--seq-len", str(args.seq_len),
+               "--warmup", str(args.warmup), "--batch", str(args.batch), "--accumulate", str(args.accumulate),
+               "--seq-len", str(args.seq_len),
                "--seed", str(args.seed), "--data-dir", args.data_dir, "--data-source", args.data_source,
                "--workdir", args.workdir, "--profile", str(args.profile)]
         rows.append(run_row(cmd, name, args.row_timeout))
