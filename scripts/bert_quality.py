@@ -1,7 +1,7 @@
 """The FlashAttention paper's Table 1 at lab scale: BERT pretrained with the same seed and data order once
 per attention kind; masked-LM accuracy curves and wall-clock time to fixed accuracies.
 
-    python scripts/bert_quality.py                                   # experiment=bert/base-quick, standard + flash
+    python scripts/bert_quality.py                                   # experiment=bert/medium-quality, standard + flash
     python scripts/bert_quality.py --budget 560 trainer.max_steps=600 scheduler.warmup_steps=60 eval_every_steps=100
     python scripts/bert_quality.py --collect                         # the table from the run folders only
 
@@ -25,7 +25,7 @@ from _common import markdown_header, pyplot, rel, repo_path, repo_root, run_meta
 from reproduce_lra import Runner, metrics_files, read_metrics, resume_checkpoint, show
 
 REPO = repo_root()
-LEVELS = (0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.72)
+LEVELS = (0.10, 0.11, 0.12, 0.13, 0.14, 0.15, 0.16, 0.18, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.72)
 
 
 def run_dir(runs: Path, kind: str, seed: int) -> Path:
@@ -162,7 +162,7 @@ def plot(curves: dict, path: Path, meta: dict) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
-    ap.add_argument("--experiment", default="bert/base-quick")
+    ap.add_argument("--experiment", default="bert/medium-quality")
     ap.add_argument("--kinds", default="standard,flash")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", default="outputs/bert_quality")
