@@ -131,7 +131,7 @@ def test_bert_quality_summary_times_levels_and_gaps():
     curves = {"flash": _curve([0.05, 0.12, 0.21], [7.0, 6.0, 5.0], 200.0, 0.5),
               "standard": _curve([0.05, 0.11, 0.20], [7.0, 6.1, 5.05], 100.0, 1.0)}
     summary = bq.summarize(curves)
-    assert [row["level"] for row in summary["levels"]] == [0.10, 0.15, 0.20]
+    assert [row["level"] for row in summary["levels"]] == [0.10, 0.11, 0.12, 0.13, 0.14, 0.15, 0.16, 0.18, 0.20]
     first = summary["levels"][0]  # both reach 0.10 at step 200: 100 s flash, 200 s standard
     assert first["flash"] == 100 and first["standard"] == 200 and first["speedup"]["flash"] == 2.0
     assert summary["max_acc_gap"] == pytest.approx(0.01) and summary["max_loss_gap"] == pytest.approx(0.1)

@@ -39,7 +39,7 @@ def run(overrides, out):
     return train(cfg)
 
 
-@pytest.mark.parametrize("experiment", ["bert/large-mlperf", "bert/base-quick"])
+@pytest.mark.parametrize("experiment", ["bert/large-mlperf", "bert/base-quick", "bert/medium-quality"])
 def test_bert_experiments_train_with_smoke(tiny_data, tmp_path, experiment):
     trainer, task = run([f"experiment={experiment}", "data.source=corpus", f"data.data_dir={tiny_data}",
                          "trainer.max_steps=2", "eval_every_steps=2", "trainer.limit_val_batches=1",
