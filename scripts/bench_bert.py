@@ -39,7 +39,10 @@ repo_root()
 HF_ROWS = ["hf-eager", "hf-sdpa", "hf-eager-compile", "hf-sdpa-compile"]
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False), "ours-flash": ("flash", False),
         "ours-standard-compile": ("standard", True), "ours-sdpa-compile": ("sdpa", True),
-        "ours-flash-compile": ("flash", True)}
+        "ours-flash-compile": ("flash", True),
+        # the one-kernel backward with atomic dQ (kernels/flash.py, deterministic=False)
+        "ours-flash-atomic": ("flash", False, "attn.deterministic=false"),
+        "ours-flash-atomic-compile": ("flash", True, "attn.deterministic=false")}
 ROWS = HF_ROWS + list(OURS)
 MODELS = {  # name -> encoder sizes (models/bert.py keyword names)
     "large": dict(d_model=1024, n_layer=24, n_head=16, d_ff=4096),
@@ -174,7 +177,7 @@ def run_hf(args, attn_impl: str, compile_: bool) -> dict:
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0}
 
 
-def run_ours(args, attn: str, compile_: bool) -> dict:
+def run_ours(args, attn: str, compile_: bool, *extra: str) -> dict:
     import torch
 
     from train.run import build
@@ -189,8 +192,8 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
         f"trainer.max_steps={total + args.profile}", "trainer.limit_val_batches=0",
         "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
-        f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}",
-        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}", "scheduler.warmup_steps=0",
+        f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}" + "".join("-" + e.replace("=", "-") for e in extra),
+        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}", "scheduler.warmup_steps=0", *extra,
     ]
     if not cuda:
         overrides.append("trainer.accelerator=cpu")
@@ -211,8 +214,7 @@ def one_row(args) -> dict:
     if name.startswith("hf-"):
         res = run_hf(args, name.split("-")[1], name.endswith("-compile"))
     else:
-        attn, comp = OURS[name]
-        res = run_ours(args, attn, comp)
+        res = run_ours(args, *OURS[name])
     lengths = timed_lengths(args)
     res.update(row=name, data_stamp=data_stamp(args), steps=args.steps, warmup=args.warmup, batch=args.batch,
                accumulate=args.accumulate, seq_len=args.seq_len,
