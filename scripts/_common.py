@@ -87,16 +87,30 @@ def run_metadata(argv: list[str] | None = None, *, device: bool = True, libs: tu
     for name in libs:
         meta[name] = __import__(name).__version__
     meta["python"] = platform.python_version()
+    meta["host_cpu"] = host_cpu()
     meta["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     meta["command"] = command_line(argv)
     return meta
+
+
+def host_cpu() -> str:
+    """The host CPU's model name and core count: host-bound rows (small kernels, compiled graphs' launches)
+    move with it between machines of the same GPU kind."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name} x {os.cpu_count()}"
 
 
 def markdown_header(title: str, meta: dict) -> list[str]:
     """The first lines of every results table: title with the GPU, versions and date, the command."""
     versions = ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton", "cuda", "transformers") if meta.get(k))
     gpu = f" ({meta['gpu']})" if meta.get("gpu") else ""
-    return [f"# {title}{gpu}", "", f"{versions}, {meta['date']}.", f"Command: `{meta['command']}`", ""]
+    host = f", host {meta['host_cpu']}" if meta.get("host_cpu") else ""
+    return [f"# {title}{gpu}", "", f"{versions}{host}, {meta['date']}.", f"Command: `{meta['command']}`", ""]
 
 
 def step_timer(warmup: int, total: int, per_step: bool = False):
