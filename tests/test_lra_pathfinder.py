@@ -79,6 +79,42 @@ def test_generate_balanced_split_and_cached(tmp_path):
     assert not pf.generate(32, "easy", 40, 1, out, workers=1, progress=False)["cached"]
 
 
+def test_interrupted_generation_resumes(tmp_path, monkeypatch):
+    """A run stopped part way keeps the chunks it finished (progress.json); the same call again makes only
+    the rest, and the result is byte for byte a run that was never stopped."""
+    clean, out = tmp_path / "clean", tmp_path / "out"
+    pf.generate(32, "easy", 40, 2, clean, workers=1, progress=False, chunk=8)
+    real_chunk, calls = pf._chunk, []
+
+    def stop_after_two(args):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(args[-2])
+        return real_chunk(args)
+
+    monkeypatch.setattr(pf, "_chunk", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        pf.generate(32, "easy", 40, 2, out, workers=1, progress=False, chunk=8)
+    assert not (out / "meta.json").exists()
+    assert json.loads((out / "progress.json").read_text())["done"] == [0, 8]
+    calls.clear()
+    monkeypatch.setattr(pf, "_chunk", lambda args: calls.append(args[-2]) or real_chunk(args))
+    stats = pf.generate(32, "easy", 40, 2, out, workers=1, progress=False, chunk=4)  # its own chunking is kept
+    assert calls == [16, 24, 32] and stats["resumed"] == 16 and not stats["cached"]
+    for f in ("images.npy", "labels.npy"):
+        assert (out / f).read_bytes() == (clean / f).read_bytes()
+    assert not (out / "progress.json").exists()
+    # progress of other settings is not trusted: a different seed starts over
+    monkeypatch.setattr(pf, "_chunk", stop_after_two)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        pf.generate(32, "easy", 40, 3, out, workers=1, progress=False, chunk=8)
+    calls.clear()
+    monkeypatch.setattr(pf, "_chunk", lambda args: calls.append(args[-2]) or real_chunk(args))
+    assert pf.generate(32, "easy", 40, 2, out, workers=1, progress=False, chunk=8)["resumed"] == 0
+    assert calls == [0, 8, 16, 24, 32]
+
+
 def test_deterministic_across_workers(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     pf.generate(32, "hard", 24, 5, a, workers=1, progress=False)

@@ -32,7 +32,7 @@ over processes writes identical bytes. Labels come in pairs (2k, 2k + 1) with on
 order drawn from (seed, k): an even count is exactly balanced, and so is every even-aligned index range.
 
 API: `generate(...)` -> out_dir/{images.npy, labels.npy, meta.json} (cached by a stamp of the settings
-and GENERATOR_VERSION), `load(out_dir)`, `split(n)` (80/10/10 by index), `load_original(folder)` (the
+and GENERATOR_VERSION; an interrupted run resumes from its progress.json), `load(out_dir)`, `split(n)` (80/10/10 by index), `load_original(folder)` (the
 LRA release layout: imgs/<batch>/sample_<k>.png plus metadata/<batch>.npy text lines), `sample(...)`
 (one image; debug=True adds the curves), `save_preview(...)` (results/lra/pathfinder_preview_R.png).
 
@@ -409,7 +409,7 @@ def _stamp(cfg: dict, num: int, seed: int) -> str:
 
 
 def _chunk(args):
-    """Worker: images start..stop written straight into the memmapped files."""
+    """Worker: images start..stop written straight into the memmapped files; returns (start, stop)."""
     out_dir, resolution, difficulty, seed, start, stop = args
     images = np.load(Path(out_dir) / "images.npy", mmap_mode="r+")
     labels = np.load(Path(out_dir) / "labels.npy", mmap_mode="r+")
@@ -417,7 +417,19 @@ def _chunk(args):
         images[i], labels[i] = sample(resolution, difficulty, seed, i)
     images.flush()
     labels.flush()
-    return stop - start
+    return start, stop
+
+
+def _resumable(out: Path, stamp: str, num: int, resolution: int):
+    """(chunk size, finished chunk starts) of an interrupted generation with these settings, or None."""
+    try:
+        progress = json.loads((out / "progress.json").read_text())
+        shapes = (np.load(out / "images.npy", mmap_mode="r").shape, np.load(out / "labels.npy", mmap_mode="r").shape)
+    except (OSError, ValueError):
+        return None
+    if progress.get("stamp") != stamp or shapes != ((num, resolution, resolution), (num,)):
+        return None
+    return int(progress["chunk"]), set(progress["done"])
 
 
 def generate(resolution: int, difficulty: str, num: int, seed: int, out_dir, workers: int | None = None,
@@ -425,7 +437,9 @@ def generate(resolution: int, difficulty: str, num: int, seed: int, out_dir, wor
     """Write out_dir/images.npy (uint8 (num, R, R)), labels.npy (uint8 0/1) and meta.json.
 
     A second call with the same settings finds meta.json's stamp and does nothing. meta.json is written
-    last, so an interrupted run is redone. Returns stats (images per second, cached or not)."""
+    last. An interrupted run resumes: progress.json lists the chunks already written, and a call with the
+    same settings makes only the rest (Path-256's images take hours). Returns stats (images per second
+    over the images made by this call; cached; resumed: how many an earlier call had made)."""
     cfg = _config(resolution, difficulty)
     if num <= 0 or seed < 0:
         raise ValueError(f"need num > 0 and seed >= 0, got num={num}, seed={seed}")
@@ -438,35 +452,65 @@ def generate(resolution: int, difficulty: str, num: int, seed: int, out_dir, wor
             return dict(meta["stats"], cached=True)
     out.mkdir(parents=True, exist_ok=True)
     meta_path.unlink(missing_ok=True)
-    images = np.lib.format.open_memmap(out / "images.npy", mode="w+", dtype=np.uint8, shape=(num, resolution, resolution))
-    labels = np.lib.format.open_memmap(out / "labels.npy", mode="w+", dtype=np.uint8, shape=(num,))
-    del images, labels  # the workers reopen them
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    chunk = chunk or max(8, min(256, -(-num // (max(workers, 1) * 16))))  # ~16 chunks per worker: even finish
-    jobs = [(str(out), resolution, difficulty, seed, s, min(s + chunk, num)) for s in range(0, num, chunk)]
+    resume = _resumable(out, stamp, num, resolution)
+    if resume is not None:
+        chunk, done = resume  # the interrupted run's chunking, so its finished chunks line up
+    else:
+        chunk = chunk or max(8, min(256, -(-num // (max(workers, 1) * 16))))  # ~16 chunks per worker: even finish
+        done = set()
+        for name, shape in (("images", (num, resolution, resolution)), ("labels", (num,))):
+            np.lib.format.open_memmap(out / f"{name}.npy", mode="w+", dtype=np.uint8, shape=shape).flush()
+    jobs = [(str(out), resolution, difficulty, seed, s, min(s + chunk, num)) for s in range(0, num, chunk)
+            if s not in done]
+    resumed = num - sum(stop - start for *_, start, stop in jobs)
     from tqdm import tqdm
 
-    bar = tqdm(total=num, desc=f"pathfinder{resolution} {difficulty}", unit="img", disable=not progress)
+    bar = tqdm(total=num, initial=resumed, desc=f"pathfinder{resolution} {difficulty}", unit="img",
+               disable=not progress)
+    progress_path = out / "progress.json"
+
+    def save_progress():  # small next to the images; written whole, then renamed over the old one
+        tmp = progress_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(stamp=stamp, chunk=chunk, done=sorted(done))))
+        tmp.replace(progress_path)
+
+    save_progress()  # from here on the files belong to these settings, whatever stops the run
+    last_save = time.perf_counter()
+
+    def finished(start_stop):
+        nonlocal last_save
+        done.add(start_stop[0])
+        bar.update(start_stop[1] - start_stop[0])
+        if time.perf_counter() - last_save > 5:
+            save_progress()
+            last_save = time.perf_counter()
+
     t0 = time.perf_counter()
-    if workers <= 1 or len(jobs) == 1:
-        for job in jobs:
-            bar.update(_chunk(job))
-    else:
-        # fork where there is one: spawn would re-run a caller's unguarded script; the workers touch
-        # only numpy, like torch's DataLoader workers, which fork too
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        with ctx.Pool(min(workers, len(jobs))) as pool:
-            for done in pool.imap_unordered(_chunk, jobs):
-                bar.update(done)
+    try:
+        if workers <= 1 or len(jobs) <= 1:
+            for job in jobs:
+                finished(_chunk(job))
+        else:
+            # fork where there is one: spawn would re-run a caller's unguarded script; the workers touch
+            # only numpy, like torch's DataLoader workers, which fork too
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            with ctx.Pool(min(workers, len(jobs))) as pool:
+                for start_stop in pool.imap_unordered(_chunk, jobs):
+                    finished(start_stop)
+    finally:
+        save_progress()  # chunks still in flight when a run stops are not listed: a resume redoes them
     seconds = time.perf_counter() - t0
     bar.close()
     labels = np.load(out / "labels.npy", mmap_mode="r")
-    stats = dict(num=num, seconds=round(seconds, 3), images_per_s=round(num / seconds, 1), workers=workers,
-                 positives=int(labels.sum()), cached=False)
+    made = num - resumed
+    stats = dict(num=num, seconds=round(seconds, 3), images_per_s=round(made / seconds, 1) if made else 0.0,
+                 workers=workers, positives=int(labels.sum()), cached=False, resumed=resumed)
     meta = dict(stamp=stamp, version=GENERATOR_VERSION, seed=seed, num=num, settings=cfg, stats=stats,
                 files=dict(images="images.npy", labels="labels.npy"), split=_split_meta(num))
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    progress_path.unlink(missing_ok=True)
     return stats
 
 
