@@ -40,6 +40,7 @@ HF_ROWS = ["hf-eager", "hf-sdpa", "hf-eager-compile", "hf-sdpa-compile"]
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False), "ours-flash": ("flash", False),
         "ours-standard-compile": ("standard", True), "ours-sdpa-compile": ("sdpa", True),
         "ours-flash-compile": ("flash", True),
+        "ours-flash-compile-model": ("flash", "model"),  # compile=model: the whole encoder as one graph
         # the one-kernel backward with atomic dQ (kernels/flash.py, deterministic=False)
         "ours-flash-atomic": ("flash", False, "attn.deterministic=false"),
         "ours-flash-atomic-compile": ("flash", True, "attn.deterministic=false")}

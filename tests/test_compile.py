@@ -140,3 +140,62 @@ def test_packed_encoder_compiles_per_block_once_for_every_batch(device):
             for (name, a), b in zip(compiled.named_parameters(), model.parameters()):
                 torch.testing.assert_close(a.grad, b.grad, msg=name)
             model.zero_grad(), compiled.zero_grad()
+
+
+def test_packed_encoder_compiles_whole_with_host_lengths(device):
+    """compile=model on a packing encoder: with the lengths given from the host (as the task does) packing
+    needs no sync, so the whole model is one graph (a graph break would count a second), reused by batches
+    of other lengths and token counts after the first (dynamic); outputs and gradients equal eager ones."""
+    import copy
+
+    from models.encoder import EncoderForMaskedLM
+    from train.task import compile_model
+
+    torch.manual_seed(0)
+    model = EncoderForMaskedLM(vocab_size=50, max_positions=32, d_model=32, n_layer=2, n_head=2, dropout=0.0,
+                               attn_dropout=0.0, attention_factory=FlashAttention).to(device)
+    compiled = copy.deepcopy(model)
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        from torch._dynamo.backends.common import aot_autograd
+        from functorch.compile import make_boxed_func
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward),
+                            bw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
+
+    compile_model(compiled, scope="model", backend=counting_backend)
+    torch._dynamo.reset()
+    for step, lengths in enumerate(([32, 11], [7, 25], [30, 30])):  # 43, 32 and 60 real tokens
+        ids = torch.randint(0, 50, (2, 32), device=device)
+        mask = torch.arange(32, device=device)[None] < torch.tensor(lengths, device=device)[:, None]
+        positions = torch.tensor([[0, 5], [1, 6]], device=device)
+        want = model(ids, mask, masked_positions=positions, seq_lengths=lengths)
+        got = compiled(ids, mask, masked_positions=positions, seq_lengths=lengths)
+        torch.testing.assert_close(got, want)
+        sum(x.float().square().sum() for x in got).backward()  # both heads, so every parameter has a gradient
+        sum(x.float().square().sum() for x in want).backward()
+        for (name, a), b in zip(compiled.named_parameters(), model.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, msg=name)
+        model.zero_grad(), compiled.zero_grad()
+        if step == 0:
+            first = len(graphs)
+    assert first <= 2 and len(graphs) == first  # no graph break (one graph); no recompile for new lengths
+    with pytest.raises(ValueError, match="compile scope"):
+        compile_model(copy.deepcopy(model), scope="layers")
+
+
+def test_task_compile_option_picks_the_scope():
+    """compile=true compiles a packing encoder's blocks, compile=model the whole model, anything else fails."""
+    from models.encoder import EncoderForMaskedLM
+    from train.task import MLMTask
+
+    def fresh():
+        return EncoderForMaskedLM(vocab_size=50, max_positions=32, d_model=32, n_layer=2, n_head=2)
+
+    blocks = MLMTask(fresh(), compile=True).model
+    assert blocks._compiled_call_impl is None and all(b._compiled_call_impl is not None for b in blocks.transformer.blocks)
+    whole = MLMTask(fresh(), compile="model").model
+    assert whole._compiled_call_impl is not None and all(b._compiled_call_impl is None for b in whole.transformer.blocks)
+    with pytest.raises(ValueError, match="compile scope"):
+        MLMTask(fresh(), compile="layers")

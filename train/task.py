@@ -39,19 +39,29 @@ def _describe(factory) -> dict | None:
     return {"_target_": f"{f.__module__}.{f.__qualname__}", **kw}
 
 
-def compile_model(model: nn.Module, **compile_kwargs) -> None:
+COMPILE_SCOPES = ("blocks", "model")
+
+
+def compile_model(model: nn.Module, scope: str = "blocks", **compile_kwargs) -> None:
     """torch.compile in place (parameter names, and so checkpoints, stay those of the plain model).
 
-    Models that pack their tokens (`packs_tokens`: the encoders) compile each transformer Block on its own,
-    dynamic in the token count from the first call, and run the packing, embeddings and heads eagerly. Whole-model
-    compilation broke the graph at the packing's host sync and recompiled as the lengths and token counts
-    changed (a CPU run with TORCH_LOGS=recompiles shows the guards), and BERT-large trained slower than eager
-    that way (results/archive/bert/embedded_accum1_2026-11-25/compile/); block-wise it trains 1.08x faster than
-    eager (results/bert/bench_bert.md). One dynamic Block graph serves every layer and batch.
+    Models that pack their tokens (`packs_tokens`: the encoders) compile, with scope "blocks", each
+    transformer Block on its own, dynamic in the token count from the first call, and run the packing,
+    embeddings and heads eagerly: one dynamic Block graph serves every layer and batch. Block-wise BERT-large
+    trained 1.08x faster than eager (results/bert/bench_bert.md). Whole-model compilation used to break the
+    graph at the packing's host sync and recompile as lengths changed (slower than eager:
+    results/archive/bert/embedded_accum1_2026-11-25/compile/). With the lengths read on the host before the
+    batch moves (`seq_lengths`, Task.on_before_batch_transfer) packing has no sync, and scope "model" compiles
+    the whole model as one dynamic graph per batch size (fewer graph calls a step, fusion across blocks);
+    not yet measured on the GPU against "blocks". Other models always compile whole.
     """
     from models.layers import Block
 
-    if getattr(model, "packs_tokens", False):
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"compile scope {scope!r}: choose one of {COMPILE_SCOPES}")
+    if getattr(model, "packs_tokens", False) and scope == "model":
+        model.compile(dynamic=True, **compile_kwargs)
+    elif getattr(model, "packs_tokens", False):
         blocks = [m for m in model.modules() if isinstance(m, Block)]
         if not blocks:
             raise ValueError(f"{type(model).__name__} packs tokens but has no transformer Block to compile")
@@ -68,7 +78,7 @@ class Task(L.LightningModule):
     scheduler: called as scheduler(optimizer), stepped every optimizer step (default: none).
     """
 
-    def __init__(self, model: nn.Module, optimizer=None, scheduler=None, compile: bool = False,
+    def __init__(self, model: nn.Module, optimizer=None, scheduler=None, compile: bool | str = False,
                  seed: int = 1234, reseed_each_step: bool = True):
         super().__init__()
         self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"])
@@ -77,8 +87,8 @@ class Task(L.LightningModule):
         self.optimizer_factory = optimizer or functools.partial(adamw)
         self.scheduler_factory = scheduler
         self.no_decay = no_decay_names(model)  # decided on the plain model, before any wrapping
-        if compile:
-            compile_model(model)
+        if compile:  # True, or the scope for token-packing encoders: "blocks" (= True) or "model"
+            compile_model(model, scope="blocks" if compile is True else compile)
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         """For models that pack their tokens: each attention mask's per-row counts as host ints, read here
