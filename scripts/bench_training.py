@@ -27,9 +27,13 @@ from _common import (LoopTimer, markdown_header, profile_markdown, rel, rel_arg,
 
 repo_root()
 
-ROWS = ["hf-eager", "hf-sdpa", "ours-standard", "ours-sdpa", "ours-sdpa-compile", "ours-flash", "ours-flash-compile"]
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False),
-        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False), "ours-flash-compile": ("flash", True)}
+        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False), "ours-flash-compile": ("flash", True),
+        # the one-kernel backward with atomic dQ (kernels/flash.py, deterministic=False)
+        "ours-flash-atomic": ("flash", False, "attn.deterministic=false"),
+        "ours-flash-atomic-compile": ("flash", True, "attn.deterministic=false")}
+ROWS = ["hf-eager", "hf-sdpa", *OURS]
+DEFAULT_ROWS = [r for r in ROWS if "atomic" not in r]  # the atomic rows on request (--rows)
 
 
 def _windows(data_dir: str, seq_len: int, n: int, seed: int):
@@ -73,7 +77,7 @@ def run_hf(args, attn_impl: str) -> dict:
     return {"seconds": timer.seconds, "loss": float(loss), "peak_mem_gib": peak, "profile": timer.summary}
 
 
-def run_ours(args, attn: str, compile_: bool) -> dict:
+def run_ours(args, attn: str, compile_: bool, *extra: str) -> dict:
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -90,8 +94,9 @@ def run_ours(args, attn: str, compile_: bool) -> dict:
         f"data.data_dir={args.data_dir}", "data.num_workers=2", f"trainer.max_steps={total + args.profile}",
         "trainer.limit_val_batches=0", "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
-        f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}",
-        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}",
+        f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}" + "".join(
+            "-" + e.replace("=", "-") for e in extra),
+        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}", *extra,
     ]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
@@ -110,8 +115,7 @@ def one_row(args) -> dict:
     if name.startswith("hf-"):
         res = run_hf(args, name[3:])
     else:
-        attn, comp = OURS[name]
-        res = run_ours(args, attn, comp)
+        res = run_ours(args, *OURS[name])
     tokens = args.steps * args.batch * args.seq_len
     res.update(row=name, steps=args.steps, warmup=args.warmup, batch=args.batch, seq_len=args.seq_len,
                tokens_per_s=tokens / res["seconds"], step_ms=1000 * res["seconds"] / args.steps)
@@ -126,7 +130,7 @@ def one_row(args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rows", default=",".join(DEFAULT_ROWS))
     ap.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: run one row, print JSON
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10)
