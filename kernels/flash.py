@@ -275,17 +275,18 @@ def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, str
 
 @triton.jit
 def bwd_atomic_dq_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom,
-                             stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, sm_scale,
-                             seed, bh, drop_thresh, drop_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                             stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh,
+                             drop_thresh, drop_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                              MASK_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
-    """`bwd_dkdv_block_step` plus this tile pair's dQ share, dS K * sm_scale, added atomically into the
-    float32 dQ accumulator (dq_base: row 0 of this (batch, query head)). Keys past the sequence end were
-    loaded as zeros, so they add nothing. The order of the adds varies from run to run."""
+    """`bwd_dkdv_block_step` plus this tile pair's dQ share, dS K (the softmax scale is applied once, when
+    the launcher converts the sum), added atomically into the float32 dQ accumulator (dq_base: row 0 of
+    this (batch, query head)). Keys past the sequence end were loaded as zeros, so they add nothing. The
+    order of the adds varies from run to run."""
     dk, dv, dsT = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m,
                              offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh,
                              drop_scale, HEAD_DIM, BLOCK_D, MASK_CAUSAL, HAS_DROPOUT, True)
     rows = start_m + offs_m
-    dq = tl.dot(tl.trans(dsT), k) * sm_scale
+    dq = tl.dot(tl.trans(dsT), k)
     ok = rows[:, None] < seqlen_q
     if HEAD_DIM != BLOCK_D:
         ok = ok & (offs_d[None, :] < HEAD_DIM)
@@ -472,15 +473,15 @@ def _bwd_preprocess_kernel(O, DO, DELTA, cu_seqlens_q, seqlen_q, nheads,
 
 @triton.jit
 def _key_tile_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom, stride_dqm,
-                   start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, sm_scale, seed, bh, drop_thresh, drop_scale,
+                   start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                    ATOMIC_DQ: tl.constexpr):
     """One query tile's step of the dK/dV kernel, with or without its atomic dQ share."""
     if ATOMIC_DQ:
         dk, dv = bwd_atomic_dq_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm,
                                           stride_dom, stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag,
-                                          qk_scale, sm_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D,
-                                          MASK_CAUSAL, HAS_DROPOUT)
+                                          qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, MASK_CAUSAL,
+                                          HAS_DROPOUT)
     else:
         dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                      start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh, drop_thresh,
@@ -541,12 +542,12 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, c
         dq_base = DQA + b64 * stride_dqb + h * stride_dqh + q_start.to(tl.int64) * stride_dqm
         for start_m in range(lo, mid, BLOCK_M):
             dk, dv = _key_tile_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom,
-                                    stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, sm_scale,
-                                    seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, True, HAS_DROPOUT, ATOMIC_DQ)
+                                    stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
+                                    drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, True, HAS_DROPOUT, ATOMIC_DQ)
         for start_m in range(mid, seqlen_q, BLOCK_M):
             dk, dv = _key_tile_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom,
-                                    stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, sm_scale,
-                                    seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT, ATOMIC_DQ)
+                                    stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
+                                    drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT, ATOMIC_DQ)
     dk = dk * sm_scale
     row_ok = cols[:, None] < seqlen_k
     if HEAD_DIM != BLOCK_D:
@@ -940,7 +941,7 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
         _launch("fused", _bwd_dkdv_kernel, _fused_tuned, dkdv_grid,
                 (q, k, v, do, dk, dv, dq_acc, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen),
                  *_strides(dq_acc, varlen), slb, slh, *tune), dict(consts, ATOMIC_DQ=True), (q.dtype, do.dtype, dk.dtype))
-        dq.copy_(dq_acc)
+        torch.mul(dq_acc, softmax_scale, out=dq)  # the scale once, with the conversion to dq's dtype
         return dq, dk, dv
     dq_consts = dict(consts, REVERSE=causal)
     _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, dkdv_grid,  # DQA unused: any pointer, strides 0

@@ -105,6 +105,13 @@ def host_cpu() -> str:
     return f"{name} x {os.cpu_count()}"
 
 
+def ours_row_overrides(workdir: str, attn: str, compile_, *extra: str) -> list[str]:
+    """The Hydra overrides that pick a bench row's attention, compile setting and extras (e.g.
+    attn.deterministic=false), and its own scratch folder under workdir."""
+    name = "-".join([attn, str(compile_), *(e.replace("=", "-") for e in extra)])
+    return [f"attn={attn}", f"compile={str(compile_).lower()}", f"output_dir={workdir}/{name}", *extra]
+
+
 def markdown_header(title: str, meta: dict) -> list[str]:
     """The first lines of every results table: title with the GPU, versions and date, the command."""
     versions = ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton", "cuda", "transformers") if meta.get(k))

@@ -31,8 +31,8 @@ import json
 import sys
 from pathlib import Path
 
-from _common import (LoopTimer, markdown_header, profile_markdown, pyplot, rel, rel_arg, repo_path, repo_root,
-                     require_some_rows, run_metadata, run_row, step_profiler, step_timer)
+from _common import (LoopTimer, markdown_header, ours_row_overrides, profile_markdown, pyplot, rel, rel_arg,
+                     repo_path, repo_root, require_some_rows, run_metadata, run_row, step_profiler, step_timer)
 
 repo_root()
 
@@ -45,6 +45,7 @@ OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False), "our
         "ours-flash-atomic": ("flash", False, "attn.deterministic=false"),
         "ours-flash-atomic-compile": ("flash", True, "attn.deterministic=false")}
 ROWS = HF_ROWS + list(OURS)
+DEFAULT_ROWS = [r for r in ROWS if "atomic" not in r and not r.endswith("-model")]  # the A/B rows on request
 MODELS = {  # name -> encoder sizes (models/bert.py keyword names)
     "large": dict(d_model=1024, n_layer=24, n_head=16, d_ff=4096),
     "base": dict(d_model=768, n_layer=12, n_head=12, d_ff=3072),
@@ -188,13 +189,13 @@ def run_ours(args, attn: str, compile_: bool, *extra: str) -> dict:
 
     sizes = [f"model.{k}={v}" for k, v in bert_sizes(args).items() if k != "max_positions"]
     overrides = [
-        "experiment=bert/large-mlperf", f"attn={attn}", f"compile={str(compile_).lower()}", *data_overrides(args),
+        "experiment=bert/large-mlperf", *ours_row_overrides(args.workdir, attn, compile_, *extra), *data_overrides(args),
         *sizes, f"global_batch_size={args.batch * args.accumulate}",
         f"trainer.max_steps={total + args.profile}", "trainer.limit_val_batches=0",
         "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
-        f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}" + "".join("-" + e.replace("=", "-") for e in extra),
-        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}", "scheduler.warmup_steps=0", *extra,
+        f"callbacks.speed.every={total}",
+        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}", "scheduler.warmup_steps=0",
     ]
     if not cuda:
         overrides.append("trainer.accelerator=cpu")
@@ -314,7 +315,7 @@ def plot(rows: list[dict], env: dict, path) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rows", default=",".join(DEFAULT_ROWS))
     ap.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: run one row, print JSON
     ap.add_argument("--model", default="large", choices=sorted(MODELS))
     ap.add_argument("--steps", type=int, default=20)

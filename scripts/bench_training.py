@@ -22,8 +22,8 @@ import argparse
 import json
 import sys
 
-from _common import (LoopTimer, markdown_header, profile_markdown, rel, rel_arg, repo_path, repo_root, run_metadata,
-                     run_row, step_profiler, step_timer)
+from _common import (LoopTimer, markdown_header, ours_row_overrides, profile_markdown, rel, rel_arg, repo_path,
+                     repo_root, run_metadata, run_row, step_profiler, step_timer)
 
 repo_root()
 
@@ -89,14 +89,13 @@ def run_ours(args, attn: str, compile_: bool, *extra: str) -> dict:
     cuda = torch.cuda.is_available()
 
     overrides = [
-        "model=gpt2", f"attn={attn}", f"compile={str(compile_).lower()}", f"seed={args.seed}",
+        "model=gpt2", *ours_row_overrides(args.workdir, attn, compile_, *extra), f"seed={args.seed}",
         f"model.n_positions={args.seq_len}", f"data.batch_size={args.batch}", f"data.source={args.data_source}",
         f"data.data_dir={args.data_dir}", "data.num_workers=2", f"trainer.max_steps={total + args.profile}",
         "trainer.limit_val_batches=0", "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
         f"trainer.log_every_n_steps={total}", "logger=none", "~callbacks.checkpoint", "~callbacks.lr_monitor",
-        f"callbacks.speed.every={total}", f"output_dir={args.workdir}/{attn}-{compile_}" + "".join(
-            "-" + e.replace("=", "-") for e in extra),
-        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}", *extra,
+        f"callbacks.speed.every={total}",
+        "+trainer.enable_checkpointing=false", f"eval_every_steps={total}",
     ]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
