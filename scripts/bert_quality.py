@@ -4,6 +4,7 @@ per attention kind; masked-LM accuracy curves and wall-clock time to fixed accur
     python scripts/bert_quality.py                                   # experiment=bert/medium-quality, standard + flash
     python scripts/bert_quality.py --budget 560 trainer.max_steps=600 scheduler.warmup_steps=60 eval_every_steps=100
     python scripts/bert_quality.py --collect                         # the table from the run folders only
+    python scripts/bert_quality.py --combine results/bert/quality.json results/bert/quality_seed2/quality.json
 
 Each kind is one `python train/run.py experiment=EXPERIMENT attn=KIND seed=SEED ...` process (extra
 arguments are Hydra overrides given to every run) under RUNS/KIND-seedSEED. Resumable: a finished run
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -100,6 +102,44 @@ def summarize(curves: dict) -> dict:
             "max_loss_gap": max(loss_gaps) if loss_gaps else None, "throughput_flash_over_standard": throughput}
 
 
+def time_to_loss(evals: list[dict], level: float) -> float | None:
+    return next((e["seconds"] for e in evals if e.get("mlm_loss") is not None and e["mlm_loss"] <= level), None)
+
+
+def combine(paths: list[Path], acc_target: float, loss_target: float) -> str:
+    """One row per seed (a quality.json each) and the mean: final quality, throughput and time to both targets.
+
+    Accuracy moves in steps of a few evaluations on the plateau these short runs end on, so time to an accuracy
+    level swings with where one evaluation lands; the masked-LM loss falls smoothly and is reported beside it."""
+    fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
+    ratio = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
+    rows, ratios, sources = [], {"throughput": [], "time": [], "acc": [], "loss": []}, []
+    for path in paths:
+        d = json.loads(path.read_text())
+        sources.append(f"- `{rel(path)}`: " + markdown_header("", d["env"])[2] + f" Command: `{d['env']['command']}`")
+        fl, st = d["curves"]["flash"], d["curves"]["standard"]
+        seed = re.search(r"--seed (\d+)", d["env"]["command"])
+        acc = time_to(st["evals"], acc_target), time_to(fl["evals"], acc_target)
+        loss = time_to_loss(st["evals"], loss_target), time_to_loss(fl["evals"], loss_target)
+        r = {"throughput": d["throughput_flash_over_standard"], "time": st["seconds"] / fl["seconds"],
+             "acc": acc[0] / acc[1] if all(acc) else None, "loss": loss[0] / loss[1] if all(loss) else None}
+        for k, v in r.items():
+            if v is not None:
+                ratios[k].append(v)
+        times = (f"{fmt(fl['seconds'])} / {fmt(st['seconds'])} ({ratio(r['time'])})",
+                 f"{fmt(acc[1])} / {fmt(acc[0])} ({ratio(r['acc'])})", f"{fmt(loss[1])} / {fmt(loss[0])} ({ratio(r['loss'])})")
+        rows.append(f"| {seed.group(1) if seed else 1} | {fl['evals'][-1]['mlm_acc']:.4f} / {st['evals'][-1]['mlm_acc']:.4f} "
+                    f"| {fl['evals'][-1]['mlm_loss']:.3f} / {st['evals'][-1]['mlm_loss']:.3f} | {ratio(r['throughput'])} | "
+                    + " | ".join(times) + " |")
+    mean = {k: sum(v) / len(v) if v else None for k, v in ratios.items()}
+    return "\n".join([
+        f"Flash / standard per seed ({len(paths)} seeds), each from one run pair on {d['env'].get('gpu', '?')}:", "",
+        *sources, "",
+        f"| seed | final val/mlm_acc | final val/mlm_loss | throughput | training time (s) | time to acc >= {acc_target} (s) "
+        f"| time to loss <= {loss_target} (s) |", "|---:|---:|---:|---:|---:|---:|---:|", *rows,
+        f"| mean | | | {ratio(mean['throughput'])} | {ratio(mean['time'])} | {ratio(mean['acc'])} | {ratio(mean['loss'])} |", ""])
+
+
 def markdown(curves: dict, summary: dict, meta: dict, unfinished: list[str]) -> str:
     lines = markdown_header("BERT masked-LM accuracy and time to accuracy per attention kind (Table 1 at lab scale)",
                             meta)
@@ -169,10 +209,21 @@ def main(argv=None):
     ap.add_argument("--out", default="results/bert")
     ap.add_argument("--budget", type=float, default=None, help="seconds this invocation may take")
     ap.add_argument("--collect", action="store_true", help="only build the table from the run folders")
+    ap.add_argument("--combine", nargs="+", metavar="QUALITY_JSON",
+                    help="only write quality_seeds.md to --out: one row per quality.json (one seed each) and the mean")
+    ap.add_argument("--acc-target", type=float, default=0.15, help="accuracy target of --combine")
+    ap.add_argument("--loss-target", type=float, default=6.10, help="masked-LM loss target of --combine")
     args = ap.parse_args(argv)
+    meta = run_metadata([__file__, *(argv if argv is not None else sys.argv[1:])])
+    if args.combine:
+        md = (f"# BERT Table 1 at lab scale, every seed\n\nCommand: `{meta['command']}`\n\n"
+              + combine([repo_path(p) for p in args.combine], args.acc_target, args.loss_target))
+        repo_path(args.out).mkdir(parents=True, exist_ok=True)
+        (repo_path(args.out) / "quality_seeds.md").write_text(md)
+        print(md)
+        return
     runs, out = repo_path(args.runs), repo_path(args.out)
     kinds = args.kinds.split(",")
-    meta = run_metadata([__file__, *(argv if argv is not None else sys.argv[1:])])
     runner = Runner(None if args.budget is None else time.time() + args.budget, 60, False)
     unfinished = []
     for kind in kinds:

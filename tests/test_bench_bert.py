@@ -152,6 +152,30 @@ def test_bert_quality_says_when_no_level_was_reached():
     assert "No accuracy level from 0.10 up was reached" in text
 
 
+def test_bert_quality_combines_seeds_into_ratios_and_their_mean(tmp_path):
+    import bert_quality as bq
+    paths = []
+    for seed, flash_step_s in ((1, 1 / 3), (2, 1 / 6)):  # evaluations every 100 steps; standard 2/3 s per step
+        curves = {"flash": _curve([0.05, 0.12, 0.16], [7.0, 6.2, 6.0], 1.5, flash_step_s),
+                  "standard": _curve([0.05, 0.14, 0.155], [7.0, 6.05, 6.0], 1.0, 2 / 3)}
+        env = {"gpu": "test GPU", "torch": "x", "triton": "x", "date": "d", "command": f"python x --seed {seed}"}
+        path = tmp_path / f"q{seed}.json"
+        path.write_text(json.dumps({"env": env, "curves": curves, **bq.summarize(curves)}))
+        paths.append(path)
+    text = bq.combine(paths, acc_target=0.15, loss_target=6.1)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")
+            and line.split("|")[1].strip() in ("1", "2", "mean")}
+    # seed 1: both reach acc 0.15 at their third evaluation (flash 100 s, standard 200 s); loss <= 6.1 at flash's
+    # third (100 s) and standard's second (133 s). Seed 2 halves flash's times.
+    assert rows["1"] == ("| 1 | 0.1600 / 0.1550 | 6.000 / 6.000 | 1.50x | 100 / 200 (2.00x) | 100 / 200 (2.00x) "
+                         "| 100 / 133 (1.33x) |")
+    assert "| 50 / 200 (4.00x) | 50 / 200 (4.00x) | 50 / 133 (2.67x) |" in rows["2"]
+    assert rows["mean"] == "| mean | | | 1.50x | 3.00x | 3.00x | 2.00x |"
+    assert "test GPU" in text and "python x --seed 2" in text
+    unreached = bq.combine(paths, acc_target=0.5, loss_target=1.0)
+    assert "| mean | | | 1.50x | 3.00x | - | - |" in unreached
+
+
 def test_data_source_comes_from_the_prepared_folder(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({"source": "corpus"}))
     assert bench.data_source_of(str(tmp_path), None) == "corpus"
