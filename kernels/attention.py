@@ -128,38 +128,31 @@ class SDPAttention(Attention):
 
 
 class FlashAttention(Attention):
-    """The fused Triton kernel (kernels.flash); packed tokens run through its varlen kernel.
-    deterministic=False: the one-kernel backward that adds dQ atomically (not bit-identical across reruns)."""
-
-    def __init__(self, dropout: float = 0.0, softmax_scale: float | None = None, deterministic: bool = True):
-        super().__init__(dropout, softmax_scale)
-        self.deterministic = deterministic
+    """The fused Triton kernel (kernels.flash); packed tokens run through its varlen kernel."""
 
     def forward_padded(self, q, k, v, causal, key_padding_mask):
         if key_padding_mask is not None:
             return super().forward_padded(q, k, v, causal, key_padding_mask)
         from kernels.flash import flash_attn_func
 
-        return flash_attn_func(q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=causal,
-                               deterministic=self.deterministic)
+        return flash_attn_func(q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=causal)
 
     def forward_qkv(self, qkv, causal=False, packed=None):
         from kernels.flash import flash_attn_qkvpacked_func, flash_attn_varlen_qkvpacked_func
 
         if packed is None:
             return flash_attn_qkvpacked_func(qkv, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
-                                             causal=causal, deterministic=self.deterministic)
+                                             causal=causal)
         _check_packed(qkv, packed, "qkv", ("3", "nheads", "headdim"))
         return flash_attn_varlen_qkvpacked_func(qkv, packed.cu_seqlens, packed.max_seqlen, dropout_p=self.dropout_p,
-                                                softmax_scale=self.softmax_scale, causal=causal, check_seqlens=False,
-                                                deterministic=self.deterministic)
+                                                softmax_scale=self.softmax_scale, causal=causal, check_seqlens=False)
 
     def forward_packed(self, q, k, v, packed, causal):
         from kernels.flash import flash_attn_varlen_func
 
         return flash_attn_varlen_func(q, k, v, packed.cu_seqlens, packed.cu_seqlens, packed.max_seqlen,
                                       packed.max_seqlen, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
-                                      causal=causal, check_seqlens=False, deterministic=self.deterministic)
+                                      causal=causal, check_seqlens=False)
 
 
 class BlockSparseAttention(Attention):

@@ -9,9 +9,7 @@ Algorithm
 - Backward: delta = rowsum(dO * O) (a small kernel), then two kernels that recompute the scores
   blockwise: dK/dV (one program per key block; loops over the query blocks and, for grouped-query
   attention, over the query heads of the group) and dQ (one program per query block; loops over key
-  blocks). No atomics, so reruns are bit-identical. With deterministic=False the backward is one kernel
-  (the dK/dV kernel's programs, each tile pair also adding dS K into a float32 dQ buffer atomically, as
-  FlashAttention-2 does): 5 matmuls per tile pair instead of 7 and one dropout draw instead of two.
+  blocks). No atomics anywhere, so reruns are bit-identical.
 - Causal masking is bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). Tiles that
   are fully masked are skipped; only the tiles on the diagonal and at the sequence end pay for masking
   (two loop stages per kernel). A query row that sees no key gets O = 0, LSE = -inf, zero gradient.
@@ -34,8 +32,9 @@ first.
 
 Known limits: head dim 256 runs (tested with the fixed config) but is not tuned; varlen input checks
 read cu_seqlens on the host (one device sync per call); no attention bias / alibi / sliding window; the
-deterministic backward recomputes QK^T and dO V^T in both backward kernels (7 matmuls instead of 5) as
-the price of having no atomics.
+backward recomputes QK^T and dO V^T in both backward kernels (7 matmuls instead of 5) as the price
+of having no atomics; FlashAttention-2's one-kernel backward (dQ added atomically, 5 matmuls) measured
+11-123% slower than these two kernels at head dim 64 on an H100 (results/attention/atomic_ab/).
 
 Layout of this module (the parts marked SHARED are the building blocks kernels/blocksparse.py is meant to reuse):
 @triton.jit building blocks -> @triton.jit kernels -> host launchers with input checks ->
@@ -213,10 +212,24 @@ def fwd_finalize(acc, m_i, l_i, drop_scale, HAS_DROPOUT: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m, offs_m, cols,
-               offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASK_ROWS: tl.constexpr):
-    """`bwd_dkdv_block_step`'s work; also returns dS^T (BLOCK_N, BLOCK_M) in q's dtype for the dQ share."""
+def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m,
+                        offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                        HAS_DROPOUT: tl.constexpr, MASK_ROWS: tl.constexpr = True):
+    """Accumulate one query tile's contribution to dK and dV of a fixed key tile.
+
+    SHARED with kernels/blocksparse.py: keep the signature stable.
+    dk, dv (BLOCK_N, BLOCK_D) fp32 accumulators (dk without the softmax scale: multiply at the end);
+    k, v: the loaded key/value tile; cols: absolute key indices of the tile (BLOCK_N,);
+    q_base / do_base: pointers to row 0 of this (batch, query head); lse_base / delta_base: pointers
+    to this head's LSE (base-2 units, as the forward stores it) and delta rows; offs_m:
+    tl.arange(0, BLOCK_M); with MASK_ROWS, rows >= seqlen_q are masked on load (they contribute
+    zero); pass MASK_ROWS=False for tiles wholly inside the sequence: the unmasked loads made the
+    block-sparse dK/dV kernel 4-9% faster on an H100 (results/archive/blocksparse/bwd_variants.log), while
+    the dense kernel showed no difference (results/archive/attention/even_rows_ab/), so it masks always. Keys
+    >= seqlen_k need no mask: their dK/dV rows are not stored. MASK_CAUSAL applies the bottom-right
+    causal mask. Returns the new (dk, dv).
+    """
     rows = start_m + offs_m
     q = load_tile(q_base, stride_qm, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASK_ROWS)
     do = load_tile(do_base, stride_dom, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASK_ROWS)
@@ -243,54 +256,8 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, s
         dpT = tl.where(keepT, dpT * drop_scale, 0.0)
     else:
         dv = tl.dot(pT.to(do.dtype), do, dv)
-    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
-    dk = tl.dot(dsT, q, dk)
-    return dk, dv, dsT
-
-
-@triton.jit
-def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m,
-                        offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                        HAS_DROPOUT: tl.constexpr, MASK_ROWS: tl.constexpr = True):
-    """Accumulate one query tile's contribution to dK and dV of a fixed key tile.
-
-    SHARED with kernels/blocksparse.py: keep the signature stable.
-    dk, dv (BLOCK_N, BLOCK_D) fp32 accumulators (dk without the softmax scale: multiply at the end);
-    k, v: the loaded key/value tile; cols: absolute key indices of the tile (BLOCK_N,);
-    q_base / do_base: pointers to row 0 of this (batch, query head); lse_base / delta_base: pointers
-    to this head's LSE (base-2 units, as the forward stores it) and delta rows; offs_m:
-    tl.arange(0, BLOCK_M); with MASK_ROWS, rows >= seqlen_q are masked on load (they contribute
-    zero); pass MASK_ROWS=False for tiles wholly inside the sequence: the unmasked loads made the
-    block-sparse dK/dV kernel 4-9% faster on an H100 (results/archive/blocksparse/bwd_variants.log), while
-    the dense kernel showed no difference (results/archive/attention/even_rows_ab/), so it masks always. Keys
-    >= seqlen_k need no mask: their dK/dV rows are not stored. MASK_CAUSAL applies the bottom-right
-    causal mask. Returns the new (dk, dv).
-    """
-    dk, dv, _ = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m,
-                           offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale,
-                           HEAD_DIM, BLOCK_D, MASK_CAUSAL, HAS_DROPOUT, MASK_ROWS)
-    return dk, dv
-
-
-@triton.jit
-def bwd_atomic_dq_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom,
-                             stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh,
-                             drop_thresh, drop_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                             MASK_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
-    """`bwd_dkdv_block_step` plus this tile pair's dQ share, dS K (the softmax scale is applied once, when
-    the launcher converts the sum), added atomically into the float32 dQ accumulator (dq_base: row 0 of
-    this (batch, query head)). Keys past the sequence end were loaded as zeros, so they add nothing. The
-    order of the adds varies from run to run."""
-    dk, dv, dsT = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m,
-                             offs_m, cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh,
-                             drop_scale, HEAD_DIM, BLOCK_D, MASK_CAUSAL, HAS_DROPOUT, True)
-    rows = start_m + offs_m
-    dq = tl.dot(tl.trans(dsT), k)
-    ok = rows[:, None] < seqlen_q
-    if HEAD_DIM != BLOCK_D:
-        ok = ok & (offs_d[None, :] < HEAD_DIM)
-    tl.atomic_add(dq_base + rows[:, None].to(tl.int64) * stride_dqm + offs_d[None, :], dq, mask=ok, sem="relaxed")
+    dsT = pT * (dpT - delta[None, :])
+    dk = tl.dot(dsT.to(q.dtype), q, dk)
     return dk, dv
 
 
@@ -471,37 +438,15 @@ def _bwd_preprocess_kernel(O, DO, DELTA, cu_seqlens_q, seqlen_q, nheads,
     tl.store(DELTA + b64 * stride_db + h * stride_dh + q_start + rows, delta, mask=rows < seqlen_q)
 
 
-@triton.jit
-def _key_tile_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom, stride_dqm,
-                   start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                   ATOMIC_DQ: tl.constexpr):
-    """One query tile's step of the dK/dV kernel, with or without its atomic dQ share."""
-    if ATOMIC_DQ:
-        dk, dv = bwd_atomic_dq_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm,
-                                          stride_dom, stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag,
-                                          qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, MASK_CAUSAL,
-                                          HAS_DROPOUT)
-    else:
-        dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                     start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh, drop_thresh,
-                                     drop_scale, HEAD_DIM, BLOCK_D, MASK_CAUSAL, HAS_DROPOUT)
-    return dk, dv
-
-
 @triton.jit(do_not_specialize=_PER_BATCH_INTS)
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                      nheads, group, sm_scale, qk_scale, drop_thresh, drop_scale,
                      stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                      stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                     stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-                     stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                     stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_lb, stride_lh,
                      TUNE_Q, TUNE_K,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                     ATOMIC_DQ: tl.constexpr = False):
-    """dK, dV of one key tile; with ATOMIC_DQ (the non-deterministic one-kernel backward) each tile pair
-    also adds its dQ share into DQA (float32, zeroed, q's layout); else DQA and its strides are unused."""
+                     IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
     nheads_k = nheads // group
@@ -539,15 +484,14 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, c
         do_base = DO + b64 * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dom
         lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
-        dq_base = DQA + b64 * stride_dqb + h * stride_dqh + q_start.to(tl.int64) * stride_dqm
         for start_m in range(lo, mid, BLOCK_M):
-            dk, dv = _key_tile_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom,
-                                    stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
-                                    drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, True, HAS_DROPOUT, ATOMIC_DQ)
+            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                         start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
+                                         drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, True, HAS_DROPOUT)
         for start_m in range(mid, seqlen_q, BLOCK_M):
-            dk, dv = _key_tile_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_dom,
-                                    stride_dqm, start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
-                                    drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT, ATOMIC_DQ)
+            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                         start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
+                                         drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT)
     dk = dk * sm_scale
     row_ok = cols[:, None] < seqlen_k
     if HEAD_DIM != BLOCK_D:
@@ -632,9 +576,6 @@ _DKDV_SHAPES = [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8,
                 (16, 64, 4, 4), (32, 128, 8, 2), (64, 64, 8, 2)]  # the last two: no / least spills at hd 128
 _DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 32, 4, 4),
               (64, 16, 4, 4)]
-# The one-kernel backward holds the dK/dV kernel's accumulators plus a transient dQ tile: 8 warps mostly.
-_FUSED_SHAPES = [(64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3), (128, 128, 8, 2),
-                 (16, 64, 4, 4)]
 _TUNE_KEY = ["TUNE_Q", "TUNE_K", "HEAD_DIM", "IS_CAUSAL", "VARLEN", "HAS_DROPOUT"]
 _INTERP_BLOCK = {"BLOCK_M": 16, "BLOCK_N": 16}
 
@@ -651,20 +592,18 @@ def _prune(configs, named_args, **kwargs):
     return keep or configs[-1:]
 
 
-def _autotuned(kernel, shapes, reset_to_zero=None):
+def _autotuned(kernel, shapes):
     # cache_results: each tuning result is kept in Triton's cache directory (~/.triton/cache, or
     # TRITON_CACHE_DIR), keyed by the Triton version, the GPU target, the kernel source, the tuning key
     # (sequence-length buckets, head dim, causal, varlen, dropout, dtypes) and the config list, so a new
     # process reuses it instead of timing every config again.
-    # reset_to_zero: buffers the kernel accumulates into, zeroed before each timed config run.
     return triton.autotune(_configs(shapes), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune},
-                           cache_results=True, reset_to_zero=reset_to_zero)(kernel)
+                           cache_results=True)(kernel)
 
 
 _fwd_tuned = _autotuned(_fwd_kernel, _FWD_SHAPES)
 _dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _DKDV_SHAPES)
 _dq_tuned = _autotuned(_bwd_dq_kernel, _DQ_SHAPES)
-_fused_tuned = _autotuned(_bwd_dkdv_kernel, _FUSED_SHAPES, reset_to_zero=["DQA"])
 
 
 # Fixed configs for FLASH_AUTOTUNE=0 (e.g. GPU tests, which would otherwise tune every shape they touch),
@@ -673,10 +612,9 @@ _fused_tuned = _autotuned(_bwd_dkdv_kernel, _FUSED_SHAPES, reset_to_zero=["DQA"]
 # Head dims up to 64: each within 2% of the fastest candidate at the GPT-2 shape with dropout 0 and 0.1
 # (results/attention/tune/), where the earlier (128, 64) / (32, 128) / (128, 32) tiles took 25% longer with
 # dropout.
-_DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 4), "dq": (64, 32, 4, 4), "fused": (32, 128, 8, 2)}
-_DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3), "fused": (32, 128, 8, 2)}
-_DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2),  # head dim 256
-                 "fused": (32, 64, 4, 2)}
+_DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 4), "dq": (64, 32, 4, 4)}
+_DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3)}
+_DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}  # head dim 256
 
 
 def fallback_configs(block_d: int) -> dict:
@@ -905,12 +843,10 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
 
 
 def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k,
-               delta=None, grad_dtype=None, out=None, deterministic=True):
+               delta=None, grad_dtype=None, out=None):
     # delta: rowsum(dO * O) computed by the caller (then o is unused; it must share lse's strides);
     # grad_dtype: the kernels store dQ/dK/dV in the dtype of their buffers. Both for kernels/ring.py.
     # out: (dq, dk, dv) buffers to write into (views of one packed dqkv), else fresh ones.
-    # deterministic: the dK/dV and dQ kernels (bit-identical reruns); else one kernel adding dQ atomically
-    # into a float32 buffer, converted into dq at the end.
     nheads, headdim = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
@@ -935,18 +871,10 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0)
     tune = (_bucket(max_q), _bucket(max_k))
-    dkdv_grid = lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k)  # noqa: E731
-    if not deterministic:
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        _launch("fused", _bwd_dkdv_kernel, _fused_tuned, dkdv_grid,
-                (q, k, v, do, dk, dv, dq_acc, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen),
-                 *_strides(dq_acc, varlen), slb, slh, *tune), dict(consts, ATOMIC_DQ=True), (q.dtype, do.dtype, dk.dtype))
-        torch.mul(dq_acc, softmax_scale, out=dq)  # the scale once, with the conversion to dq's dtype
-        return dq, dk, dv
     dq_consts = dict(consts, REVERSE=causal)
-    _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, dkdv_grid,  # DQA unused: any pointer, strides 0
-            (q, k, v, do, dk, dv, lse, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen), 0, 0, 0,
-             slb, slh, *tune), consts, (q.dtype, do.dtype, dk.dtype))
+    _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
+            (q, k, v, do, dk, dv, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
+             *tune), consts, (q.dtype, do.dtype, dk.dtype))
     _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
             (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune), dq_consts,
             (q.dtype, do.dtype, dq.dtype))
@@ -961,8 +889,8 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
 
 @torch.library.custom_op("flashattn::fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None,
-            max_q: int, max_k: int, softmax_scale: float, causal: bool, dropout_p: float,
-            deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            max_q: int, max_k: int, softmax_scale: float, causal: bool,
+            dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, base-2 LSE, dropout seed). An op's outputs may not alias each other, so without dropout the
     seed is a fresh zero tensor rather than a placeholder pointer."""
     o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k, max_q, max_k)
@@ -972,7 +900,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, deterministic):
+def _fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
     return (q.new_empty(q.shape), q.new_empty(lse_shape(q, cu_q is not None), dtype=torch.float32),
             q.new_empty((1,), dtype=torch.int64))
 
@@ -980,31 +908,29 @@ def _fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_
 @torch.library.custom_op("flashattn::bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
             seed: torch.Tensor, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int,
-            softmax_scale: float, causal: bool, dropout_p: float,
-            deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            softmax_scale: float, causal: bool, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k,
-                      max_q, max_k, deterministic=deterministic)
+                      max_q, max_k)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, o, lse, seed, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, deterministic):
+def _bwd_fake(do, q, k, v, o, lse, seed, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, deterministic = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p = inputs
     o, lse, seed = output
     ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
-    ctx.args = (max_q, max_k, softmax_scale, causal, dropout_p, deterministic)
+    ctx.args = (max_q, max_k, softmax_scale, causal, dropout_p)
     ctx.mark_non_differentiable(lse, seed)
 
 
 def _fwd_backward(ctx, do, dlse, dseed):
     q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
-    max_q, max_k, softmax_scale, causal, dropout_p, deterministic = ctx.args
-    dq, dk, dv = _bwd_op(do, q, k, v, o, lse, seed, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p,
-                         deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    max_q, max_k, softmax_scale, causal, dropout_p = ctx.args
+    dq, dk, dv = _bwd_op(do, q, k, v, o, lse, seed, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -1016,21 +942,21 @@ class _EagerFlash(torch.autograd.Function):
     and eager models are launch-bound at small shapes. Compiled graphs take the ops (see `_attention`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, deterministic):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
         o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k, max_q,
                                   max_k)
         ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
-        ctx.args = (max_q, max_k, softmax_scale, causal, dropout_p, deterministic)
+        ctx.args = (max_q, max_k, softmax_scale, causal, dropout_p)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
-        max_q, max_k, softmax_scale, causal, dropout_p, deterministic = ctx.args
+        max_q, max_k, softmax_scale, causal, dropout_p = ctx.args
         dq, dk, dv = _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu_q is not None,
-                                cu_q, cu_k, max_q, max_k, deterministic=deterministic)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+                                cu_q, cu_k, max_q, max_k)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 class _EagerFlashQKV(torch.autograd.Function):
@@ -1039,31 +965,31 @@ class _EagerFlashQKV(torch.autograd.Function):
     (a copy of the whole projection output per layer, which the unbound q, k, v would cost)."""
 
     @staticmethod
-    def forward(ctx, qkv, cu, max_s, softmax_scale, causal, dropout_p, deterministic):
+    def forward(ctx, qkv, cu, max_s, softmax_scale, causal, dropout_p):
         q, k, v = qkv.unbind(dim=-3)
         o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s)
         ctx.save_for_backward(qkv, o, lse, seed, cu)
-        ctx.args = (max_s, softmax_scale, causal, dropout_p, deterministic)
+        ctx.args = (max_s, softmax_scale, causal, dropout_p)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
         qkv, o, lse, seed, cu = ctx.saved_tensors
-        max_s, softmax_scale, causal, dropout_p, deterministic = ctx.args
+        max_s, softmax_scale, causal, dropout_p = ctx.args
         dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
         q, k, v = qkv.unbind(dim=-3)
         _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s,
-                   out=dqkv.unbind(dim=-3), deterministic=deterministic)
-        return dqkv, None, None, None, None, None, None
+                   out=dqkv.unbind(dim=-3))
+        return dqkv, None, None, None, None, None
 
 
-def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, deterministic):
+def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
     """(out, base-2 LSE): the custom op under torch.compile, the plain autograd Function in eager mode."""
     if torch.compiler.is_compiling():
-        out, lse, _ = _fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, deterministic)
+        out, lse, _ = _fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
         return out, lse
-    return _EagerFlash.apply(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, deterministic)
+    return _EagerFlash.apply(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
 
 
 def _softmax_scale(softmax_scale: float | None, headdim: int) -> float:
@@ -1075,33 +1001,29 @@ def _public_lse(lse2: torch.Tensor) -> torch.Tensor:
 
 
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
-                    return_lse: bool = False, deterministic: bool = True):
+                    return_lse: bool = False):
     """Exact attention, fused. q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim).
 
     Returns (batch, seqlen_q, nheads, headdim) in q's dtype; with return_lse=True also the natural-log
     log-sum-exp of the scaled scores, (batch, nheads, seqlen_q) float32 (-inf for rows that see no key).
-    causal is bottom-right aligned. softmax_scale defaults to 1/sqrt(headdim). deterministic=False runs the
-    backward as one kernel that adds dQ atomically (5 matmuls per tile pair instead of 7; dQ then differs
-    in the last bits from run to run); True keeps the two-kernel backward with bit-identical reruns.
+    causal is bottom-right aligned. softmax_scale defaults to 1/sqrt(headdim).
     """
     check_inputs(q, k, v, dropout_p=dropout_p)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
-    out, lse = _attention(q, k, v, None, None, q.shape[1], k.shape[1], float(scale), bool(causal), float(dropout_p),
-                          bool(deterministic))
+    out, lse = _attention(q, k, v, None, None, q.shape[1], k.shape[1], float(scale), bool(causal), float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p: float = 0.0,
                            softmax_scale: float | None = None, causal: bool = False, return_lse: bool = False,
-                           check_seqlens: bool = True, deterministic: bool = True):
+                           check_seqlens: bool = True):
     """Exact attention over packed sequences: q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim).
 
     cu_seqlens_q / cu_seqlens_k: int32 (batch + 1,) prefix sums of the sequence lengths; max_seqlen_*:
     the longest sequence (sizes the grid). With return_lse=True also returns lse (nheads, total_q) float32.
     check_seqlens=False skips the host-side check of cu_seqlens (a device sync per call), for callers
-    that built them themselves (kernels.padding.PackedBatch, once per model forward). deterministic: as in
-    flash_attn_func.
+    that built them themselves (kernels.padding.PackedBatch, once per model forward).
     """
     check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q if check_seqlens else None,
                  cu_seqlens_k=cu_seqlens_k if check_seqlens else None, max_seqlen_q=max_seqlen_q,
@@ -1109,7 +1031,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
     out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(scale),
-                          bool(causal), float(dropout_p), bool(deterministic))
+                          bool(causal), float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
 
 
@@ -1122,39 +1044,34 @@ def _check_qkv(qkv, varlen: bool):
         raise ValueError("qkv's head dim must be contiguous (the view of a fused projection's output is)")
 
 
-def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
-                              deterministic: bool = True):
+def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False):
     """Self-attention on packed projections: qkv (batch, seqlen, 3, nheads, headdim) -> (batch, seqlen, nheads,
     headdim). The same result as flash_attn_func(*qkv.unbind(2)); its gradient is one tensor shaped like qkv."""
     _check_qkv(qkv, False)
     q, k, v = qkv.unbind(dim=2)
     if torch.compiler.is_compiling():  # the custom ops; the compiler fuses the gradients' stack itself
-        return flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                               deterministic=deterministic)
+        return flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal)
     check_inputs(q, k, v, dropout_p=dropout_p)
     scale = _softmax_scale(softmax_scale, qkv.shape[-1])
-    out, _ = _EagerFlashQKV.apply(qkv, None, qkv.shape[1], float(scale), bool(causal), float(dropout_p),
-                                  bool(deterministic))
+    out, _ = _EagerFlashQKV.apply(qkv, None, qkv.shape[1], float(scale), bool(causal), float(dropout_p))
     return out
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: float = 0.0,
                                      softmax_scale: float | None = None, causal: bool = False,
-                                     check_seqlens: bool = True, deterministic: bool = True):
+                                     check_seqlens: bool = True):
     """flash_attn_varlen_func for self-attention on packed projections: qkv (total, 3, nheads, headdim) ->
     (total, nheads, headdim), its gradient one tensor shaped like qkv."""
     _check_qkv(qkv, True)
     q, k, v = qkv.unbind(dim=1)
     if torch.compiler.is_compiling():
         return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p,
-                                      softmax_scale=softmax_scale, causal=causal, check_seqlens=check_seqlens,
-                                      deterministic=deterministic)
+                                      softmax_scale=softmax_scale, causal=causal, check_seqlens=check_seqlens)
     check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens if check_seqlens else None,
                  cu_seqlens_k=cu_seqlens if check_seqlens else None, max_seqlen_q=max_seqlen,
                  max_seqlen_k=max_seqlen, dropout_p=dropout_p)
     scale = _softmax_scale(softmax_scale, qkv.shape[-1])
-    out, _ = _EagerFlashQKV.apply(qkv, cu_seqlens, int(max_seqlen), float(scale), bool(causal), float(dropout_p),
-                                  bool(deterministic))
+    out, _ = _EagerFlashQKV.apply(qkv, cu_seqlens, int(max_seqlen), float(scale), bool(causal), float(dropout_p))
     return out
 
 

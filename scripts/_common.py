@@ -106,8 +106,8 @@ def host_cpu() -> str:
 
 
 def ours_row_overrides(workdir: str, attn: str, compile_, *extra: str) -> list[str]:
-    """The Hydra overrides that pick a bench row's attention, compile setting and extras (e.g.
-    attn.deterministic=false), and its own scratch folder under workdir."""
+    """The Hydra overrides that pick a bench row's attention, compile setting (true, false or a scope such as
+    "model") and extra overrides, and its own scratch folder under workdir."""
     name = "-".join([attn, str(compile_), *(e.replace("=", "-") for e in extra)])
     return [f"attn={attn}", f"compile={str(compile_).lower()}", f"output_dir={workdir}/{name}", *extra]
 

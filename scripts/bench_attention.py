@@ -1,8 +1,7 @@
 """Attention benchmark: runtime (forward, forward+backward), TFLOP/s and peak extra memory vs sequence length.
 
-Providers: ours (kernels.flash), ours_atomic (its one-kernel backward, deterministic=False), standard (plain
-PyTorch, the paper's baseline), PyTorch SDPA's flash, efficient and cuDNN backends
-(torch.nn.attention.sdpa_kernel), FlexAttention (torch.compile'd).
+Providers: ours (kernels.flash), standard (plain PyTorch, the paper's baseline), PyTorch SDPA's flash,
+efficient and cuDNN backends (torch.nn.attention.sdpa_kernel), FlexAttention (torch.compile'd).
 Shapes follow the issue: batch x seqlen = 16K tokens, nheads x headdim = 2048, bf16.
 FLOPs: 4 * B * H * N^2 * D forward (halved when causal), 3.5x that for forward+backward.
 
@@ -31,7 +30,7 @@ from _common import compiled_flex_attention, markdown_header, pyplot, repo_path,
 
 repo_root()
 
-PROVIDERS = ["ours", "ours_atomic", "standard", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex"]
+PROVIDERS = ["ours", "standard", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex"]
 TOKENS, WIDTH = 16384, 2048
 
 
@@ -42,10 +41,9 @@ def flops(b, h, n, d, causal, mode):
 
 def make_provider(name, causal, n):
     """Return (fn(q, k, v) -> out, layout) where layout 'bnhd' or 'bhnd' is the provider's native one."""
-    if name in ("ours", "ours_atomic"):  # ours_atomic: the one-kernel backward (deterministic=False)
+    if name == "ours":
         from kernels.flash import flash_attn_func
-        exact = name == "ours"
-        return (lambda q, k, v: flash_attn_func(q, k, v, causal=causal, deterministic=exact)), "bnhd"
+        return (lambda q, k, v: flash_attn_func(q, k, v, causal=causal)), "bnhd"
     if name == "standard":
         from kernels.standard import standard_attention
         return (lambda q, k, v: standard_attention(q, k, v, causal=causal)), "bnhd"

@@ -40,12 +40,9 @@ HF_ROWS = ["hf-eager", "hf-sdpa", "hf-eager-compile", "hf-sdpa-compile"]
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False), "ours-flash": ("flash", False),
         "ours-standard-compile": ("standard", True), "ours-sdpa-compile": ("sdpa", True),
         "ours-flash-compile": ("flash", True),
-        "ours-flash-compile-model": ("flash", "model"),  # compile=model: the whole encoder as one graph
-        # the one-kernel backward with atomic dQ (kernels/flash.py, deterministic=False)
-        "ours-flash-atomic": ("flash", False, "attn.deterministic=false"),
-        "ours-flash-atomic-compile": ("flash", True, "attn.deterministic=false")}
+        "ours-flash-compile-model": ("flash", "model")}  # compile=model: the whole encoder as one graph
 ROWS = HF_ROWS + list(OURS)
-DEFAULT_ROWS = [r for r in ROWS if "atomic" not in r and not r.endswith("-model")]  # the A/B rows on request
+DEFAULT_ROWS = [r for r in ROWS if not r.endswith("-model")]  # the compile-scope A/B row on request
 MODELS = {  # name -> encoder sizes (models/bert.py keyword names)
     "large": dict(d_model=1024, n_layer=24, n_head=16, d_ff=4096),
     "base": dict(d_model=768, n_layer=12, n_head=12, d_ff=3072),

@@ -28,12 +28,8 @@ from _common import (LoopTimer, markdown_header, ours_row_overrides, profile_mar
 repo_root()
 
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False),
-        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False), "ours-flash-compile": ("flash", True),
-        # the one-kernel backward with atomic dQ (kernels/flash.py, deterministic=False)
-        "ours-flash-atomic": ("flash", False, "attn.deterministic=false"),
-        "ours-flash-atomic-compile": ("flash", True, "attn.deterministic=false")}
+        "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False), "ours-flash-compile": ("flash", True)}
 ROWS = ["hf-eager", "hf-sdpa", *OURS]
-DEFAULT_ROWS = [r for r in ROWS if "atomic" not in r]  # the atomic rows on request (--rows)
 
 
 def _windows(data_dir: str, seq_len: int, n: int, seed: int):
@@ -129,7 +125,7 @@ def one_row(args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default=",".join(DEFAULT_ROWS))
+    ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: run one row, print JSON
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=10)

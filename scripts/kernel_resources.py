@@ -24,7 +24,7 @@ from _common import repo_root, run_metadata
 repo_root()
 import kernels.flash as F  # noqa: E402
 
-_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "DQA": "*fp32", "SEED": "*i64", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
+_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "SEED": "*i64", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
 _TENSORS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
 _FLOATS = {"qk_scale", "sm_scale", "drop_scale"}
 _DIVISIBLE = ("stride_", "seqlen_", "TUNE_")
@@ -60,10 +60,10 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dropout", action="store_true")
-    ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq", "fused"])
+    ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq"])
     args = ap.parse_args()
     kernels = {"fwd": (F._fwd_kernel, F._FWD_SHAPES), "dkdv": (F._bwd_dkdv_kernel, F._DKDV_SHAPES),
-               "dq": (F._bwd_dq_kernel, F._DQ_SHAPES), "fused": (F._bwd_dkdv_kernel, F._FUSED_SHAPES)}
+               "dq": (F._bwd_dq_kernel, F._DQ_SHAPES)}
     d = args.head_dim
     fallback = F.fallback_configs(F._block_d(d))
     meta = run_metadata(device=False)
@@ -79,8 +79,6 @@ def main():
                           VARLEN=False, HAS_DROPOUT=args.dropout)
             if "REVERSE" in jitfn.arg_names:
                 consts["REVERSE"] = False
-            if "ATOMIC_DQ" in jitfn.arg_names:  # "fused": the dK/dV kernel adding dQ atomically
-                consts["ATOMIC_DQ"] = kind == "fused"
             r = resources(jitfn, consts, w, s)
             note = "FLASH_AUTOTUNE=0 fallback" if cfg == fallback[kind] else ""
             print(f"| {kind} | {cfg} | {r['regs']} | {r['stack']} | {note} |", flush=True)
