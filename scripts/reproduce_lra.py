@@ -42,6 +42,9 @@ hence the accumulation above on an 80 GiB GPU. These are estimates: a run that s
 memory is listed as failed, and `--keep-speed --tasks T --accumulate T/standard=2N` redoes task T.
 
 --speed-data DIR: speed runs read task T from DIR/T (data.data_dir=...); accuracy runs are unaffected.
+--speed-from A.json ...: a task this invocation measures no speed run for keeps the speed rows of the last
+table that has them (--out's own table3.json first): e.g. `--collect outputs/lra --speed-from T.json` with the
+table3.json a GPU machine wrote after `--skip-accuracy --tasks image pathfinder`, the other tasks' rows kept.
 --keep-speed: only the speed runs of --tasks are rerun; other tasks' runs under RUNS/speed stay, each
 with the session (GPU, command) that measured it, and the table covers them too. --accumulate
 TASK/KIND=N: that speed run takes its usual batch as N micro-batches with gradient accumulation
@@ -474,26 +477,34 @@ def mean_speedups(summary: dict) -> dict:
             for kind in summary["kinds"]}
 
 
-def keep_earlier_speed(summary: dict, earlier: Path) -> None:
-    """Accuracy runs span many device calls, the speed runs one: when the runs collected now hold no speed
-    run, the speed section of the table written before (its runs, sessions and commands) carries over."""
-    if not earlier.exists():
+def keep_earlier_speed(summary: dict, tables: list[Path]) -> None:
+    """Accuracy runs span many device calls, each task's speed runs one: a task whose speed runs this
+    invocation did not collect takes its rows (runs, session, command) from the last of `tables` (earlier
+    table3.json files, e.g. one that came back from a GPU machine) that measured it."""
+    fresh = {t for t in summary["tasks"] if summary["speed"].get(t)}
+    used: dict = {}
+    for path in tables:
+        if not path.exists():
+            continue
+        old = json.loads(path.read_text())
+        for t in summary["tasks"]:
+            if t in fresh or not old.get("speed", {}).get(t):
+                continue
+            summary["speed"][t] = {k: v for k, v in old["speed"][t].items() if k in summary["kinds"]}
+            if t in (old.get("speed_status") or {}):
+                summary["speed_status"][t] = old["speed_status"][t]
+            session = (old.get("speed_sessions") or {}).get(t) or old.get("speed_session")
+            if session:  # per task: tables from different invocations each name their own
+                summary["speed_sessions"][t] = session
+            if t in (old.get("data") or {}):
+                summary["data"].setdefault(t, old["data"][t])
+            summary["speed_session"] = summary["speed_session"] or old.get("speed_session")
+            used[t] = rel(path)
+    if not used:
         return
-    old = json.loads(earlier.read_text())
-    if not any(old.get("speed", {}).get(t) for t in summary["tasks"]):
-        return
-    for t in summary["tasks"]:
-        summary["speed"][t] = {k: v for k, v in old["speed"].get(t, {}).items() if k in summary["kinds"]}
-        if t in (old.get("speed_status") or {}):
-            summary["speed_status"][t] = old["speed_status"][t]
-        if t in (old.get("speed_sessions") or {}):
-            summary["speed_sessions"][t] = old["speed_sessions"][t]
-        if t in (old.get("data") or {}):
-            summary["data"].setdefault(t, old["data"][t])
-    summary["speed_session"] = summary["speed_session"] or old.get("speed_session")
     summary["mean_speedup"] = mean_speedups(summary)
-    summary["speed_kept_from"] = rel(earlier)
-    print(f"no speed runs collected: the speed rows of {rel(earlier)} are kept", flush=True)
+    summary["speed_kept_from"] = {t: used[t] for t in summary["tasks"] if t in used}
+    print("speed rows kept from earlier tables: " + ", ".join(f"{t} ({p})" for t, p in used.items()), flush=True)
 
 
 def _f(x, fmt="{:.1f}", none="-"):
@@ -521,9 +532,11 @@ def markdown(summary: dict, meta: dict) -> str:
                   f"{data}, `{sess.get('command', '?')}`."]
     if len({json.loads(k).get("gpu") for k in groups}) > 1:
         lines += ["The speed runs of different tasks ran on different GPUs: the mean speedups mix them."]
-    if summary.get("speed_kept_from"):
-        lines += [f"(Speed rows kept from the earlier {summary['speed_kept_from']}: this invocation ran or collected "
-                  "accuracy runs only.)"]
+    kept: dict = {}
+    for t, path in (summary.get("speed_kept_from") or {}).items():
+        kept.setdefault(path, []).append(TASK_TITLES[t])
+    for path, ts in kept.items():
+        lines += [f"(Speed rows of {', '.join(ts)} kept from {path}: this invocation measured no speed run for them.)"]
     if groups:
         lines.append("")
     short = any(a["max_steps"] != [a["recipe_steps"]] for t in tasks for a in summary["accuracy"][t].values())
@@ -775,6 +788,9 @@ def main(argv=None):
     ap.add_argument("--runs", default="outputs/lra", help="root of the run folders")
     ap.add_argument("--collect", default=None, metavar="DIR", help="only collect the run folders under DIR")
     ap.add_argument("--out", default="results/lra")
+    ap.add_argument("--speed-from", nargs="+", default=[], metavar="TABLE3_JSON",
+                    help="earlier tables whose speed rows fill the tasks this invocation measures no speed run for "
+                         "(after --out's own table3.json; the last table that measured a task wins)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_intermixed_args(argv)  # overrides may come before and after options
     if args.speed_steps <= 0:
@@ -865,8 +881,8 @@ def main(argv=None):
     if args.keep_speed:  # the table covers the kept tasks too
         tasks = [t for t in TASKS if t in args.tasks or any(k[0] == t for k in found["speed"])]
     summary = summarize(found, tasks, args.kinds)
-    if not any(summary["speed"][t] for t in tasks) and not args.dry_run:
-        keep_earlier_speed(summary, repo_path(args.out) / "table3.json")
+    if not args.dry_run:
+        keep_earlier_speed(summary, [repo_path(args.out) / "table3.json", *map(repo_path, args.speed_from)])
     known = {(m["task"], m["kind"], m["seed"]) for m in missing}
     for u in summary["unfinished"]:
         if (u["task"], u["kind"], u["seed"]) not in known:

@@ -400,13 +400,37 @@ def test_collect_without_speed_runs_keeps_the_earlier_speed_rows(runs, tmp_path)
     write_run(R.accuracy_dir(acc_only, "listops", "flash", 1, None), "listops", "flash", test_acc=0.5)
     s = R.main(["--collect", str(acc_only), "--out", str(out), "--tasks", "listops", "text"])
     assert s["speed"]["listops"]["flash"]["speedup"] == pytest.approx(2.5)
-    assert s["mean_speedup"]["sdpa"] == pytest.approx(2.0) and s["speed_kept_from"].endswith("table3.json")
+    assert s["mean_speedup"]["sdpa"] == pytest.approx(2.0)
+    assert s["speed_kept_from"] == {t: R.rel(out / "table3.json") for t in ("listops", "text")}
     assert s["accuracy"]["listops"]["flash"]["seeds"] == {1: pytest.approx(50.0)}
     md = (out / "table3.md").read_text()
-    assert "Speed rows kept from the earlier" in md and "| ListOps | flash | 120.0 |" in md
+    assert "Speed rows of ListOps, Text kept from" in md and "| ListOps | flash | 120.0 |" in md
     # a fresh --out has nothing to keep: the speed rows say so
     s2 = R.main(["--collect", str(acc_only), "--out", str(tmp_path / "fresh"), "--tasks", "listops"])
     assert not s2["speed"]["listops"] and "speed_kept_from" not in s2
+
+
+def test_speed_rows_of_some_tasks_come_from_another_table(runs, tmp_path):
+    """A GPU machine remeasured one task's speed (its table3.json came back): collecting the accuracy runs
+    with --speed-from takes that task's rows and session from it and keeps the other task's from --out."""
+    out, remote = tmp_path / "out", tmp_path / "remote"
+    R.main(["--collect", str(runs), "--out", str(out), "--tasks", "listops", "text"])
+    table = json.loads((out / "table3.json").read_text())
+    table["speed"] = {"text": {k: dict(v, step_time_ms=v["step_time_ms"] / 2) for k, v in table["speed"]["text"].items()}}
+    table["speed_sessions"] = {"text": {"gpu": "GPU Y", "command": "remeasured", "date": "d"}}
+    remote.mkdir()
+    (remote / "table3.json").write_text(json.dumps(table))
+    before = json.loads((out / "table3.json").read_text())
+    acc_only = tmp_path / "acc-only"
+    write_run(R.accuracy_dir(acc_only, "listops", "flash", 1, None), "listops", "flash", test_acc=0.5)
+    s = R.main(["--collect", str(acc_only), "--out", str(out), "--tasks", "listops", "text",
+                "--speed-from", str(remote / "table3.json")])
+    assert s["speed"]["listops"] == before["speed"]["listops"]
+    assert s["speed"]["text"]["flash"]["step_time_ms"] == pytest.approx(before["speed"]["text"]["flash"]["step_time_ms"] / 2)
+    assert s["speed_sessions"]["text"]["gpu"] == "GPU Y"
+    assert s["speed_kept_from"] == {"listops": R.rel(out / "table3.json"), "text": R.rel(remote / "table3.json")}
+    md = (out / "table3.md").read_text()
+    assert "Speed runs (Text): GPU Y" in md and "Speed rows of Text kept from" in md
 
 
 def test_budget_lets_accuracy_runs_stop_themselves(tmp_path, monkeypatch):
