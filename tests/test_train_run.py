@@ -104,3 +104,29 @@ def test_triton_attention_configs_slot_in(embedded_data, tmp_path, attn):
 def test_missing_data_fails_with_the_prepare_command(tmp_path):
     with pytest.raises(FileNotFoundError, match="python scripts/prepare_corpus.py"):
         run_inprocess(["data=corpus", f"data.data_dir={tmp_path / 'nothing'}"], tmp_path / "out")
+
+
+@pytest.mark.parametrize("max_steps,profiled", [(6, 3), (4, 2)], ids=["whole-window", "run-ends-inside"])
+def test_profile_window_writes_where_the_step_time_goes(embedded_data, tmp_path, max_steps, profiled):
+    """callbacks.profile.start=2 steps=3: torch.profiler over optimizer steps 2-4, written to profile.{json,md};
+    a run that ends inside the window reports the steps it profiled."""
+    import json
+
+    trainer, _ = run_inprocess([f"trainer.max_steps={max_steps}", "trainer.limit_val_batches=1",
+                                f"eval_every_steps={max_steps}", "callbacks.profile.start=2",
+                                "callbacks.profile.steps=3"], tmp_path)
+    assert trainer.global_step == max_steps
+    summary = json.loads((tmp_path / "profile.json").read_text())
+    assert summary["steps"] == profiled and summary["start"] == 2 and summary["wall_ms"] > 0
+    assert summary["top_host_ops"]  # on the CPU: host ops only (no kernels)
+    md = (tmp_path / "profile.md").read_text()
+    assert f"torch.profiler, optimizer steps 2-{2 + profiled - 1};" in md and "top host ops" in md
+
+
+def test_profile_is_off_by_default_and_checks_its_window(embedded_data, tmp_path):
+    from train.callbacks import StepProfiler
+
+    run_inprocess(["trainer.max_steps=2", "trainer.limit_val_batches=1", "eval_every_steps=2"], tmp_path)
+    assert not (tmp_path / "profile.json").exists()
+    with pytest.raises(ValueError, match="profile window"):
+        StepProfiler(start=3, steps=0)

@@ -10,6 +10,9 @@ tokens/s sums every rank; MFU divides the achieved FLOP/s per GPU by its dense b
 
 `CallLog`: one row per invocation of a run in <run dir>/calls.csv (which steps it covered, how long,
 how it ended), and the per-call limits (time, steps) that split a long run over device calls.
+
+`StepProfiler`: torch.profiler over a window of optimizer steps (`callbacks.profile.start=N`), where a
+step's time goes, in <run dir>/profile.{json,md}.
 """
 from __future__ import annotations
 
@@ -245,3 +248,54 @@ class CallLog(L.Callback):
     def on_exception(self, trainer, pl_module, exception):
         stopped = isinstance(exception, KeyboardInterrupt)  # SIGINT: Lightning's graceful shutdown
         self._finish(trainer, "interrupted" if stopped else f"failed: {type(exception).__name__}")
+
+
+class StepProfiler(L.Callback):
+    """torch.profiler over optimizer steps [start, start + steps) of a training run (train.profiling):
+    per step wall and GPU-busy time, kernel time by category, top kernels and host ops, written to
+    `path`.json and `path`.md (rank 0) and printed. start=None (the default config) leaves it off, so a
+    run pays nothing; `callbacks.profile.start=50` profiles steps 50-54 of a run. A run that ends inside
+    the window reports the steps it profiled. `.summary` holds the result after the window."""
+
+    def __init__(self, path: str | None = None, start: int | None = None, steps: int = 5):
+        if start is not None and (start < 0 or steps < 1):
+            raise ValueError(f"profile window: need start >= 0 and steps >= 1, got start={start}, steps={steps}")
+        from train.profiling import StepProfile
+
+        self.path, self.start, self.steps = path, start, steps
+        self.profile = StepProfile(steps)
+
+    @property
+    def summary(self) -> dict | None:
+        return self.profile.summary
+
+    def _stop(self, trainer, steps: int) -> None:
+        self.profile.steps = steps
+        self.profile.stop()
+        if self.path is None or not trainer.is_global_zero:
+            return
+        import json
+
+        from train.profiling import profile_markdown
+
+        first = self.start
+        window = f"optimizer steps {first}-{first + steps - 1}"
+        md = "\n".join(profile_markdown([{"row": "this run", "profile": self.summary}], window)[1:] + [""])
+        path = Path(self.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".json").write_text(json.dumps(dict(self.summary, start=first), indent=1))
+        path.with_suffix(".md").write_text(md)
+        print(md, flush=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.start is None or self.summary is not None:
+            return
+        step = trainer.global_step
+        if self.profile._prof is None and step == self.start:
+            self.profile.start()
+        elif self.profile._prof is not None and step == self.start + self.steps:
+            self._stop(trainer, self.steps)
+
+    def on_train_end(self, trainer, pl_module):
+        if self.profile._prof is not None and self.summary is None and trainer.global_step > self.start:
+            self._stop(trainer, trainer.global_step - self.start)
