@@ -468,7 +468,38 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
         # the paper averages all five tasks; a subset gets no average
         out["average"][kind] = sum(accs) / len(accs) if len(accs) == len(TASKS) else None
     out["mean_speedup"] = mean_speedups(out)
+    out["parity"] = parity(out)
     return out
+
+
+def _compare(a: list, b: list) -> dict | None:
+    """Two validation curves [(step, acc)] at the steps both evaluated: count, last step, largest and last
+    |difference| in points; None when they share no evaluation."""
+    bs = dict(b)
+    both = [(step, acc, bs[step]) for step, acc in a if step in bs]
+    if not both:
+        return None
+    gaps = [100 * abs(x - y) for _, x, y in both]
+    return {"evals": len(both), "up_to": both[-1][0], "max_gap": max(gaps), "last_gap": gaps[-1]}
+
+
+def parity(summary: dict) -> list[dict]:
+    """Quality parity from the validation curves: each kind against attn=standard at the same seed, and
+    as the noise to judge those by, the same kind across two seeds (each over the evaluations both runs
+    made: a cut-off run compares on its prefix)."""
+    curves = {(c["task"], c["kind"], c["seed"]): c["val_acc"] for c in summary.get("curves", []) if c["val_acc"]}
+    rows = []
+    for (task, kind, seed), curve in sorted(curves.items()):
+        if kind != "standard" and (task, "standard", seed) in curves:
+            cmp = _compare(curve, curves[(task, "standard", seed)])
+            if cmp:
+                rows.append(dict(cmp, task=task, pair=f"{kind} vs standard", seeds=str(seed)))
+        for (t2, k2, s2), other in sorted(curves.items()):
+            if (t2, k2) == (task, kind) and s2 > seed:
+                cmp = _compare(curve, other)
+                if cmp:
+                    rows.append(dict(cmp, task=task, pair=f"{kind} seed vs seed", seeds=f"{seed}, {s2}"))
+    return rows
 
 
 def mean_speedups(summary: dict) -> dict:
@@ -612,6 +643,14 @@ def markdown(summary: dict, meta: dict) -> str:
                   for u in cut]
     if summary.get("curves"):
         lines += ["", "Validation accuracy of every run against its step: table3_curves.png."]
+    if summary.get("parity"):
+        lines += ["", "Quality parity: validation accuracy of two runs at the evaluations both made (a cut-off run "
+                      "compares on its prefix); the same kind across seeds is the run-to-run noise to judge the "
+                      "kinds' gaps by:", "",
+                  "| task | runs | seeds | evaluations | up to step | largest gap (points) | gap at the last |",
+                  "|---|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {TASK_TITLES[p['task']]} | {p['pair']} | {p['seeds']} | {p['evals']} | {p['up_to']} | "
+                  f"{p['max_gap']:.1f} | {p['last_gap']:.1f} |" for p in summary["parity"]]
     lines += ["", "Data:", ""]
     for t in tasks:
         d = summary["data"].get(t)

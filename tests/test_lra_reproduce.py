@@ -483,3 +483,21 @@ def test_runs_made_before_a_model_change_are_marked(tmp_path):
     s = R.main(["--collect", str(root), "--out", str(tmp_path / "out"), "--tasks", "listops"])
     assert s["accuracy"]["listops"]["flash"]["model_drift"] == ["embedding_std: unset (now 1.0)"]
     assert "| embedding_std: unset (now 1.0) |" in (tmp_path / "out" / "table3.md").read_text()
+
+
+def test_parity_compares_kinds_on_shared_evaluations_and_seeds_for_noise():
+    curve = lambda *accs: [(100 * (i + 1), a) for i, a in enumerate(accs)]  # noqa: E731
+    summary = {"curves": [
+        {"task": "listops", "kind": "standard", "seed": 1, "val_acc": curve(0.20, 0.30)},  # cut off after 2
+        {"task": "listops", "kind": "flash", "seed": 1, "val_acc": curve(0.22, 0.25, 0.40)},
+        {"task": "listops", "kind": "flash", "seed": 2, "val_acc": curve(0.21, 0.33, 0.41)},
+        {"task": "text", "kind": "flash", "seed": 1, "val_acc": curve(0.5)},  # no standard run: nothing
+    ]}
+    rows = R.parity(summary)
+    by = {(r["pair"], r["seeds"]): r for r in rows}
+    assert set(by) == {("flash vs standard", "1"), ("flash seed vs seed", "1, 2")}
+    vs = by[("flash vs standard", "1")]
+    assert vs["evals"] == 2 and vs["up_to"] == 200  # the standard run's prefix
+    assert vs["max_gap"] == pytest.approx(5.0) and vs["last_gap"] == pytest.approx(5.0)
+    noise = by[("flash seed vs seed", "1, 2")]
+    assert noise["evals"] == 3 and noise["max_gap"] == pytest.approx(8.0) and noise["last_gap"] == pytest.approx(1.0)
