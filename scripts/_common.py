@@ -217,7 +217,7 @@ def compiled_flex_attention():
 # Where a training step's time goes: StepProfile and the report helpers live in train/profiling.py, shared
 # with the training runs' own profiler callback (callbacks.profile).
 repo_root()
-from train.profiling import StepProfile, profile_markdown, profile_summary  # noqa: E402,F401
+from train.profiling import StepProfile, profile_markdown  # noqa: E402,F401
 
 
 class LoopTimer:

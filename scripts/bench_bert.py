@@ -202,7 +202,7 @@ def run_ours(args, attn: str, compile_: bool, *extra: str) -> dict:
     profiler = step_profiler(total, total + args.profile)
     trainer.callbacks += [timer, profiler] if args.profile else [timer]
     trainer.fit(task, datamodule=datamodule_)
-    return {"seconds": timer.t1 - timer.t0, "loss": timer.loss, "profile": profiler.profile.summary,
+    return {"seconds": timer.t1 - timer.t0, "loss": timer.loss, "profile": profiler.summary,
             "step_ms_each": [round(t, 1) for t in timer.step_ms or []],
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
             "overrides": [rel_arg(o) for o in overrides]}

@@ -102,7 +102,7 @@ def run_ours(args, attn: str, compile_: bool, *extra: str) -> dict:
     trainer.fit(task, datamodule=datamodule)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     return {"seconds": timer.t1 - timer.t0, "loss": timer.loss, "peak_mem_gib": peak,
-            "overrides": [rel_arg(o) for o in overrides], "profile": profiler.profile.summary}
+            "overrides": [rel_arg(o) for o in overrides], "profile": profiler.summary}
 
 
 def one_row(args) -> dict:

@@ -76,8 +76,10 @@ def curve(rows: list[dict]) -> dict:
             "tokens_per_s": sum(tps) / len(tps) if tps else None}
 
 
-def time_to(evals: list[dict], level: float) -> float | None:
-    return next((e["seconds"] for e in evals if e["mlm_acc"] >= level), None)
+def time_to(evals: list[dict], level: float, key: str = "mlm_acc") -> float | None:
+    """Training seconds at the first evaluation reaching `level`: accuracy at or above it, loss at or below."""
+    reached = (lambda v: v >= level) if key == "mlm_acc" else (lambda v: v <= level)  # noqa: E731
+    return next((e["seconds"] for e in evals if e.get(key) is not None and reached(e[key])), None)
 
 
 def summarize(curves: dict) -> dict:
@@ -102,10 +104,6 @@ def summarize(curves: dict) -> dict:
             "max_loss_gap": max(loss_gaps) if loss_gaps else None, "throughput_flash_over_standard": throughput}
 
 
-def time_to_loss(evals: list[dict], level: float) -> float | None:
-    return next((e["seconds"] for e in evals if e.get("mlm_loss") is not None and e["mlm_loss"] <= level), None)
-
-
 def combine(paths: list[Path], acc_target: float, loss_target: float) -> str:
     """One row per seed (a quality.json each) and the mean: final quality, throughput and time to both targets.
 
@@ -120,7 +118,7 @@ def combine(paths: list[Path], acc_target: float, loss_target: float) -> str:
         fl, st = d["curves"]["flash"], d["curves"]["standard"]
         seed = re.search(r"--seed (\d+)", d["env"]["command"])
         acc = time_to(st["evals"], acc_target), time_to(fl["evals"], acc_target)
-        loss = time_to_loss(st["evals"], loss_target), time_to_loss(fl["evals"], loss_target)
+        loss = time_to(st["evals"], loss_target, "mlm_loss"), time_to(fl["evals"], loss_target, "mlm_loss")
         r = {"throughput": d["throughput_flash_over_standard"], "time": st["seconds"] / fl["seconds"],
              "acc": acc[0] / acc[1] if all(acc) else None, "loss": loss[0] / loss[1] if all(loss) else None}
         for k, v in r.items():

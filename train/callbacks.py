@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import json
 import os
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ import lightning as L
 import torch
 
 from models.layers import transformer_flops
+from train.profiling import StepProfile, profile_markdown
 
 # Dense bf16 tensor-core peaks (datasheets), matched as substrings of torch.cuda.get_device_name().
 PEAK_BF16_FLOPS = [
@@ -260,8 +262,6 @@ class StepProfiler(L.Callback):
     def __init__(self, path: str | None = None, start: int | None = None, steps: int = 5):
         if start is not None and (start < 0 or steps < 1):
             raise ValueError(f"profile window: need start >= 0 and steps >= 1, got start={start}, steps={steps}")
-        from train.profiling import StepProfile
-
         self.path, self.start, self.steps = path, start, steps
         self.profile = StepProfile(steps)
 
@@ -274,10 +274,6 @@ class StepProfiler(L.Callback):
         self.profile.stop()
         if self.path is None or not trainer.is_global_zero:
             return
-        import json
-
-        from train.profiling import profile_markdown
-
         first = self.start
         window = f"optimizer steps {first}-{first + steps - 1}"
         md = "\n".join(profile_markdown([{"row": "this run", "profile": self.summary}], window)[1:] + [""])
@@ -291,11 +287,11 @@ class StepProfiler(L.Callback):
         if self.start is None or self.summary is not None:
             return
         step = trainer.global_step
-        if self.profile._prof is None and step == self.start:
+        if not self.profile.running and step == self.start:
             self.profile.start()
-        elif self.profile._prof is not None and step == self.start + self.steps:
+        elif self.profile.running and step == self.start + self.steps:
             self._stop(trainer, self.steps)
 
     def on_train_end(self, trainer, pl_module):
-        if self.profile._prof is not None and self.summary is None and trainer.global_step > self.start:
+        if self.profile.running and trainer.global_step > self.start:
             self._stop(trainer, trainer.global_step - self.start)

@@ -38,6 +38,11 @@ class StepProfile:
     def __init__(self, steps: int):
         self.steps, self.summary, self._prof = steps, None, None
 
+    @property
+    def running(self) -> bool:
+        """Started and not yet stopped."""
+        return self._prof is not None and self.summary is None
+
     def start(self):
         import time
 

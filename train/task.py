@@ -52,23 +52,24 @@ def compile_model(model: nn.Module, scope: str = "blocks", **compile_kwargs) -> 
     graph at the packing's host sync and recompile as lengths changed (slower than eager:
     results/archive/bert/embedded_accum1_2026-11-25/compile/). With the lengths read on the host before the
     batch moves (`seq_lengths`, Task.on_before_batch_transfer) packing has no sync, and scope "model" compiles
-    the whole model as one dynamic graph per batch size (fewer graph calls a step, fusion across blocks);
-    not yet measured on the GPU against "blocks". Other models always compile whole.
+    the whole model as one dynamic graph per batch size (fewer graph calls a step, fusion across blocks); at
+    BERT-large it did not finish compiling within 150 s (results/bert/atomic_compile/), so "blocks" stays the
+    default. Other models always compile whole.
     """
     from models.layers import Block
 
     if scope not in COMPILE_SCOPES:
         raise ValueError(f"compile scope {scope!r}: choose one of {COMPILE_SCOPES}")
-    if getattr(model, "packs_tokens", False) and scope == "model":
+    if not getattr(model, "packs_tokens", False):
+        model.compile(**compile_kwargs)
+    elif scope == "model":
         model.compile(dynamic=True, **compile_kwargs)
-    elif getattr(model, "packs_tokens", False):
+    else:
         blocks = [m for m in model.modules() if isinstance(m, Block)]
         if not blocks:
             raise ValueError(f"{type(model).__name__} packs tokens but has no transformer Block to compile")
         for block in blocks:
             block.compile(dynamic=True, **compile_kwargs)
-    else:
-        model.compile(**compile_kwargs)
 
 
 class Task(L.LightningModule):
