@@ -138,7 +138,7 @@ def test_datamodule_batches_and_resume(tmp_path, task):
     seq_len = 1025 if task == "image" else 64
     dm = LRADataModule(task, tmp_path, seq_len=seq_len, batch_size=4, num_workers=0, seed=1, num_samples=40)
     dm.setup()
-    batch = next(iter(dm.train_dataloader()))
+    batch = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
     assert batch["input_ids"].shape == (4, seq_len) and batch["labels"].shape == (4,)
     assert ("attention_mask" in batch) == (task != "image")
     first = [dm.train_dataloader().dataset[i]["labels"].item() for i in range(12)]
@@ -294,3 +294,34 @@ def test_linux_doc_pairs_index_one_document_table(tmp_path):
     # prepared again: a no-op
     assert retrieval.prepare_linux_doc(tmp_path / "src", tmp_path / "out", num_train=40, num_val=10,
                                        num_test=10)["stamp"] == meta["stamp"]
+
+
+@pytest.mark.parametrize("task", ["image", "pathfinder"])
+def test_pixel_batches_come_whole_from_the_arrays_in_each_passs_order(tmp_path, task):
+    """Pixel tasks fetch a batch in one gather (__getitems__); check it against the arrays themselves,
+    across the boundary where the training stream's second pass (a new permutation) starts."""
+    import torch
+
+    from train.lra.datamodule import PIXEL_CLS, auto_prepare
+
+    auto_prepare(task, tmp_path)
+    cls = task == "image"
+    dm = LRADataModule(task, tmp_path, seq_len=1025 if cls else 1024, cls_token=cls, batch_size=6, num_workers=0,
+                       seed=3, num_samples=10**6)
+    dm.setup()
+    split, loader = dm.splits["train"], dm.train_dataloader()
+    n = len(split.index)
+    items = list(range(n - 3, n + 3))
+    raw = next(iter(torch.utils.data.DataLoader(loader.dataset, batch_size=6, sampler=items,
+                                                collate_fn=loader.collate_fn)))
+    assert raw["pixels"].dtype == torch.uint8  # what crosses to the device: 1 byte a pixel
+    batch = dm.on_after_batch_transfer(raw, 0)
+    perms = [np.random.default_rng([3, epoch]).permutation(n) for epoch in (0, 1)]
+    rows = [split.index[perms[i // n][i % n]] for i in items]
+    want = np.asarray(split.images)[rows].reshape(6, -1).astype(np.int64)
+    if cls:
+        want = np.concatenate([np.full((6, 1), PIXEL_CLS), want], axis=1)
+    assert batch["input_ids"].dtype == torch.int64 and batch["input_ids"].tolist() == want.tolist()
+    assert batch["labels"].tolist() == [int(split.labels[r]) for r in rows]
+    one = split[int(np.flatnonzero(split.index == rows[0])[0])]  # a single sample: the same row, unbatched
+    assert one["input_ids"].tolist() == want[0].tolist() and one["labels"].shape == ()

@@ -247,6 +247,11 @@ class ShardSampler(torch.utils.data.Sampler):
 import lightning as L  # noqa: E402
 
 
+def collate(samples):
+    """default_collate, except that a dataset's `__getitems__` may hand over a finished batch dict."""
+    return samples if isinstance(samples, dict) else torch.utils.data.default_collate(samples)
+
+
 class ResumableDataModule(L.LightningDataModule):
     """What every datamodule shares: training sample i is a pure function of (seed, i), read in order
     from `samples_seen` (checkpointed), strided over ranks; evaluation splits sharded over ranks.
@@ -270,7 +275,7 @@ class ResumableDataModule(L.LightningDataModule):
     def _loader(self, ds, batch_size, sampler=None):
         return torch.utils.data.DataLoader(
             ds, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers, drop_last=False,
-            pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0, collate_fn=collate,
         )
 
     def train_loader(self, ds):

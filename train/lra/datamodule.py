@@ -10,6 +10,9 @@ batches for train.task.ClassificationTask:
     image           input_ids (1,024 pixels [+ CLS]), labels      fixed length: no mask, dense kernels
     pathfinder      input_ids (R * R pixels), labels              split 80/10/10 by index
 
+Pixel batches leave the DataLoader as uint8 `pixels` and become `input_ids` on the device
+(on_after_batch_transfer, which Lightning calls after the copy).
+
 Token ids: ListOps its own 17-word vocabulary (train.lra.listops.VOCAB); bytes as 1 + byte (0 is
 padding), [CLS] 257; pixels as their value 0-255, [CLS] 256. With cls_token, [CLS] is prepended (LRA's
 CLS pooling; LRA prepends a learned vector, the same thing as a learned token) and seq_len counts it.
@@ -112,11 +115,25 @@ class ImageSplit(torch.utils.data.Dataset):
         return len(self.index)
 
     def __getitem__(self, i):
-        j = int(self.index[i])
-        ids = torch.from_numpy(np.asarray(self.images[j], dtype=np.int64).reshape(-1))
-        if self.cls is not None:
-            ids = torch.cat([torch.tensor([self.cls]), ids])
-        return {"input_ids": ids, "labels": torch.tensor(int(self.labels[j]))}
+        return {k: v[0] for k, v in pixel_ids(self.__getitems__([i]), self.cls).items()}
+
+    def __getitems__(self, items):
+        """A whole batch in one gather; the DataLoader calls this instead of __getitem__ per sample.
+        The batch holds the raw uint8 `pixels`; LRADataModule.on_after_batch_transfer makes them token ids
+        on the device. Per-sample fetching, int64 ids and the [CLS] column built on the host cost LRA Image
+        (whose GPU step is ~5 ms) 3.5 ms of host time a step (results/lra/host_overhead/)."""
+        rows = self.index[np.asarray(items, dtype=np.int64)]
+        pixels = torch.from_numpy(np.ascontiguousarray(self.images[rows]).reshape(len(rows), -1))
+        return {"pixels": pixels, "labels": torch.from_numpy(np.asarray(self.labels[rows], dtype=np.int64))}
+
+
+def pixel_ids(batch: dict, cls: int | None) -> dict:
+    """{"pixels": uint8 (B, R * R), ...} -> {"input_ids": int64 (B, R * R [+ 1]), ...} on the batch's device."""
+    batch = dict(batch)
+    ids = batch.pop("pixels").long()
+    if cls is not None:
+        ids = torch.cat([ids.new_full((len(ids), 1), cls), ids], dim=1)
+    return {"input_ids": ids, **batch}
 
 
 class Permuted(torch.utils.data.Dataset):
@@ -129,12 +146,20 @@ class Permuted(torch.utils.data.Dataset):
     def __len__(self):
         return self.length
 
-    def __getitem__(self, i):
+    def _item(self, i) -> int:
         epoch, j = divmod(i, len(self.base))
         if epoch != self._epoch:
             self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.base))
             self._epoch = epoch
-        return self.base[int(self._perm[j])]
+        return int(self._perm[j])
+
+    def __getitem__(self, i):
+        return self.base[self._item(i)]
+
+    def __getitems__(self, items):
+        if not hasattr(self.base, "__getitems__"):
+            return [self.base[self._item(i)] for i in items]
+        return self.base.__getitems__([self._item(i) for i in items])
 
 
 class LRADataModule(ResumableDataModule):
@@ -180,6 +205,11 @@ class LRADataModule(ResumableDataModule):
 
         images, labels = pathfinder.load(d)
         return ImageSplit(images, labels, np.asarray(pathfinder.split(len(labels))[split]), cls, self.seq_len)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        if isinstance(batch, dict) and "pixels" in batch:
+            return pixel_ids(batch, PIXEL_CLS if self.cls_token else None)
+        return batch
 
     def train_dataloader(self):
         self.setup()
