@@ -196,7 +196,7 @@ class LRADataModule(ResumableDataModule):
             with np.load(d / f"{split}.npz") as z:
                 arrays = {k: z[k] for k in z.files}
             return TokenSplit(arrays, self.seq_len, 1, BYTE_CLS if self.cls_token else None)
-        cls = PIXEL_CLS if self.cls_token else None
+        cls = self.pixel_cls
         if self.task == "image":
             with np.load(d / f"{split}.npz") as z:
                 images, labels = z["images"], z["labels"]
@@ -206,9 +206,13 @@ class LRADataModule(ResumableDataModule):
         images, labels = pathfinder.load(d)
         return ImageSplit(images, labels, np.asarray(pathfinder.split(len(labels))[split]), cls, self.seq_len)
 
+    @property
+    def pixel_cls(self) -> int | None:
+        return PIXEL_CLS if self.cls_token else None
+
     def on_after_batch_transfer(self, batch, dataloader_idx):
         if isinstance(batch, dict) and "pixels" in batch:
-            return pixel_ids(batch, PIXEL_CLS if self.cls_token else None)
+            return pixel_ids(batch, self.pixel_cls)
         return batch
 
     def train_dataloader(self):

@@ -10,8 +10,10 @@ from train.run import build
 res = {}
 for attn, workers in (("standard", 4), ("flash", 4), ("flash", 0)):
     with initialize_config_dir(config_dir=os.path.abspath("configs"), version_base=None):
-        cfg = compose("config", overrides=["experiment=lra/image", f"attn={attn}", f"data.num_workers={workers}", "~logger", "~callbacks", "hydra.run.dir=/tmp/floor",
-                                          "data.data_dir=${repo:}/data/cache/lra-speed/image", "trainer.max_steps=400"], return_hydra_config=True)
+        overrides = ["experiment=lra/image", f"attn={attn}", f"data.num_workers={workers}", "~logger", "~callbacks",
+                     "hydra.run.dir=/tmp/floor", "data.data_dir=${repo:}/data/cache/lra-speed/image",
+                     "trainer.max_steps=400"]
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
         from hydra.core.hydra_config import HydraConfig; HydraConfig.instance().set_config(cfg)
     dm, task, trainer = build(cfg)
     model = task.model.cuda()
