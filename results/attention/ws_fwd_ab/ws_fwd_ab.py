@@ -1,7 +1,8 @@
 """Device experiment (kept beside its result, not part of the package): does Triton 3.6's warp
 specialisation on Hopper (tl.range(..., warp_specialize=True) with on-device TMA descriptors,
 triton-lang/triton#7658) speed up a non-causal FlashAttention forward? A minimal forward (no dropout, no
-masking: seqlen a multiple of the tiles), with and without WS, against ours (kernels.flash, autotuned) and SDPA cuDNN, at 16K tokens x 2048 width, bf16.
+masking: seqlen a multiple of the tiles), with and without WS, against ours (kernels.flash, autotuned) and
+SDPA cuDNN, at 16K tokens x 2048 width, bf16.
 
     python results/attention/ws_fwd_ab/ws_fwd_ab.py [--out DIR]        # GPU
     TRITON_INTERPRET=1 python results/attention/ws_fwd_ab/ws_fwd_ab.py --check   # CPU: the kernel's arithmetic only
