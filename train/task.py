@@ -7,7 +7,8 @@
 Shared (Task): the optimizer and scheduler partials of configs/optimizer and configs/scheduler (weight
 decay on matrices and embeddings only), global-norm gradient clipping that works with a fused AdamW,
 per-micro-batch reseeding (a resumed run draws the dropout masks an uninterrupted one would), in-place
-torch.compile, and `batch_tokens`, the real-token count the speed/MFU callback reads.
+torch.compile, the model's training forward and backward as CUDA graphs (`cuda_graph`, train/cuda_graph.py),
+and `batch_tokens`, the real-token count the speed/MFU callback reads.
 
 Validation and test metrics are sums and counts over the whole split (train/metrics.py), synced over
 ranks when computed; nothing is averaged over batches.
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from train.cuda_graph import GraphedModel
 from train.metrics import Accuracy, MeanNLL, Perplexity
 from train.optim import adamw, no_decay_names, param_groups
 
@@ -80,8 +82,11 @@ class Task(L.LightningModule):
     """
 
     def __init__(self, model: nn.Module, optimizer=None, scheduler=None, compile: bool | str = False,
-                 seed: int = 1234, reseed_each_step: bool = True):
+                 seed: int = 1234, reseed_each_step: bool = True, cuda_graph: bool = False):
         super().__init__()
+        if cuda_graph and compile:
+            raise ValueError("cuda_graph=true and compile: choose one (torch.compile has its own CUDA graphs, "
+                             "mode='reduce-overhead')")
         self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"])
         self.hparams.update(optimizer=_describe(optimizer), scheduler=_describe(scheduler))
         self.model = model
@@ -90,6 +95,24 @@ class Task(L.LightningModule):
         self.no_decay = no_decay_names(model)  # decided on the plain model, before any wrapping
         if compile:  # True, or the scope for token-packing encoders: "blocks" (= True) or "model"
             compile_model(model, scope="blocks" if compile is True else compile)
+        self.graphed = GraphedModel(model) if cuda_graph else None
+
+    def run_model(self, *args, **kwargs):
+        """self.model(...), through CUDA graphs in training when cuda_graph is set."""
+        return (self.graphed or self.model)(*args, **kwargs)
+
+    def on_fit_start(self):
+        if self.graphed is None:
+            return
+        t = self.trainer
+        problems = [why for bad, why in [
+            (self.device.type != "cuda", f"it needs a CUDA device (the model is on {self.device})"),
+            (t.world_size > 1, f"it runs in one process ({t.world_size} here)"),
+            (t.accumulate_grad_batches > 1, "gradient accumulation would add into the graph's gradient buffers twice"),
+            (str(t.precision).startswith("16"), "fp16 with a loss scaler is not supported; use bf16-mixed"),
+        ] if bad]
+        if problems:
+            raise ValueError("cuda_graph=true: " + "; ".join(problems))
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         """For models that pack their tokens: each attention mask's per-row counts as host ints, read here
@@ -168,7 +191,7 @@ class LMTask(Task):
 
     def training_step(self, batch, batch_idx):
         x, y = batch[:, :-1], batch[:, 1:]
-        logits = self.model(x)
+        logits = self.run_model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
         self.log("train/loss", loss, prog_bar=True)
         return loss
@@ -196,7 +219,7 @@ class MLMTask(Task):
         self.val_mlm_loss, self.val_mlm_acc, self.val_nsp_acc = MeanNLL(IGNORE), Accuracy(IGNORE), Accuracy(IGNORE)
 
     def forward(self, batch):
-        return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
+        return self.run_model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
                           token_type_ids=batch.get("token_type_ids"), masked_positions=batch["mlm_positions"],
                           seq_lengths=batch.get("seq_lengths"))
 
@@ -238,7 +261,7 @@ class ClassificationTask(Task):
             split: nn.ModuleDict({"loss": MeanNLL(), "acc": Accuracy()}) for split in ("val", "test")})
 
     def forward(self, batch):
-        return self.model(**{k: v for k, v in batch.items() if k != "labels"})
+        return self.run_model(**{k: v for k, v in batch.items() if k != "labels"})
 
     def training_step(self, batch, batch_idx):
         logits = self(batch)

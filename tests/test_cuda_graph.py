@@ -1,0 +1,151 @@
+"""cuda_graph=true (train/cuda_graph.py): graphed training matches eager training, dropout stays random
+and reproducible, and every case a graph cannot follow is refused with an error that says why."""
+import copy
+
+import pytest
+import torch
+
+from models.encoder import SequenceClassifier
+from train.cuda_graph import GraphedModel
+from train.task import ClassificationTask
+
+CUDA = torch.cuda.is_available()
+
+
+def classifier(attention="standard", dropout=0.0, seed=0):
+    from kernels.attention import FlashAttention, StandardAttention
+
+    torch.manual_seed(seed)
+    factory = {"standard": StandardAttention, "flash": FlashAttention}[attention]
+    return SequenceClassifier(vocab_size=257, num_classes=10, max_positions=129, d_model=32, n_layer=2, n_head=1,
+                              d_ff=64, dropout=dropout, attn_dropout=dropout, pooling="cls",
+                              attention_factory=factory)
+
+
+def batches(n, batch=8, length=129, device="cuda"):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randint(0, 257, (batch, length), generator=g).to(device),
+             torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in range(n)]
+
+
+def train_steps(model, call, data):
+    """AdamW steps as Lightning takes them (gradients set to None first); the losses as floats."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for ids, labels in data:
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(call(input_ids=ids).float(), labels)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+# ---- refused, with the reason (CPU) ----------------------------------------------------------------
+
+def test_inputs_a_graph_cannot_follow_are_refused():
+    g = GraphedModel(classifier())
+    ids = torch.zeros(2, 129, dtype=torch.long)
+    with pytest.raises(ValueError, match="attention mask"):
+        g(input_ids=ids, attention_mask=torch.ones_like(ids))
+    with pytest.raises(TypeError, match="tensors only"):
+        g(input_ids=ids, seq_lengths=[129, 129])
+
+
+def test_stale_gradients_are_refused_before_capture():
+    model = classifier()
+    next(model.parameters()).grad = torch.zeros_like(next(model.parameters()))
+    with pytest.raises(RuntimeError, match="accumulation is not supported"):
+        GraphedModel(model)(input_ids=torch.zeros(2, 129, dtype=torch.long))
+
+
+def test_evaluation_runs_the_plain_model():
+    model = classifier().eval()
+    ids = torch.randint(0, 257, (2, 129))
+    with torch.no_grad():
+        torch.testing.assert_close(GraphedModel(model)(input_ids=ids), model(input_ids=ids), rtol=0, atol=0)
+
+
+def test_cuda_graph_with_compile_is_refused():
+    with pytest.raises(ValueError, match="choose one"):
+        ClassificationTask(classifier(), compile=True, cuda_graph=True)
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU refusal")
+def test_cpu_run_with_cuda_graph_says_it_needs_a_gpu(tmp_path):
+    from tests.test_train_run import run_inprocess
+
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        run_inprocess(["experiment=lra/image", "cuda_graph=true", "trainer.max_steps=2"], tmp_path)
+
+
+# ---- on the GPU ----------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["standard", "flash"])
+def test_graphed_training_matches_eager(attention):
+    """Without dropout the graphed and eager runs take the same steps (float32, no autocast)."""
+    data = batches(5)
+    eager = classifier(attention).cuda()
+    graphed = copy.deepcopy(eager)
+    want = train_steps(eager, eager, data)
+    got = train_steps(graphed, GraphedModel(graphed), data)
+    assert got[-1] < got[0]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(graphed.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.gpu
+def test_graphed_training_under_bf16_autocast_matches_eager():
+    data = batches(4)
+    eager = classifier("flash").cuda()
+    graphed = copy.deepcopy(eager)
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # Lightning's bf16-mixed (weight cache on)
+        want = train_steps(eager, eager, data)
+        got = train_steps(graphed, GraphedModel(graphed), data)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["standard", "flash"])
+def test_graphed_dropout_is_new_each_step_and_fixed_by_the_seed(attention):
+    model = classifier(attention, dropout=0.3).cuda()
+    g = GraphedModel(model)
+    (ids, labels), = batches(1)
+
+    def loss_at(seed):
+        torch.manual_seed(seed)
+        out = torch.nn.functional.cross_entropy(g(input_ids=ids).float(), labels)
+        out.backward()
+        grad = next(model.parameters()).grad.clone()
+        model.zero_grad(set_to_none=True)
+        return out.item(), grad
+
+    a, ga = loss_at(1)
+    b, gb = loss_at(2)
+    a2, ga2 = loss_at(1)
+    assert a != b and not torch.equal(ga, gb)  # the masks change from step to step
+    assert a == a2 and torch.equal(ga, ga2)    # and the seed fixes them
+
+
+@pytest.mark.gpu
+def test_changed_shapes_are_refused():
+    model = classifier().cuda()
+    g = GraphedModel(model)
+    g(input_ids=torch.zeros(4, 129, dtype=torch.long, device="cuda")).sum().backward()
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(ValueError, match="changed shape"):
+        g(input_ids=torch.zeros(2, 129, dtype=torch.long, device="cuda"))
+
+
+@pytest.mark.gpu
+def test_lra_image_smoke_run_with_cuda_graph(tmp_path):
+    from tests.test_train_run import metrics, run_inprocess, series
+
+    run_inprocess(["experiment=lra/image", "attn=flash", "cuda_graph=true", "trainer.max_steps=12",
+                   "eval_every_steps=12"], tmp_path)
+    rows = metrics(tmp_path)
+    loss = series(rows, "train/loss")
+    assert loss and all(v == v and v > 0 for v in loss.values())
+    assert series(rows, "val/acc") and series(rows, "perf/step_time_ms")

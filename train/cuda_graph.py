@@ -1,0 +1,90 @@
+"""The model's forward and backward as CUDA graphs (`cuda_graph=true`), for small models whose training
+step is bound by host time.
+
+LRA Image's model (one layer of width 32, batch 256 x 1,025 tokens) needs ~5 ms of GPU work a step, and
+about as much Python to launch its ~180 kernels; the training loop's own host time comes on top
+(results/lra/host_overhead/). Here the first training call captures the model once
+(torch.cuda.make_graphed_callables) and every later one replays two graphs, one in the forward and one
+in the backward; the loss, metrics, optimizer and the loop stay eager and run ahead of the GPU.
+
+What it needs, each checked with an error that says so:
+- a CUDA device, one process, no torch.compile;
+- the same input shapes at every training step (the LRA datamodules' training streams are whole
+  batches), tensors only, and no attention mask (packing makes the token count change per batch);
+- no gradient accumulation, and gradients set to None before each step (Lightning's default): the
+  graph's gradient buffers become the parameters' .grad, so adding a second backward into them would
+  count the second one twice.
+Dropout stays random: the graphs draw from torch's CUDA generator, which advances at every replay, and
+Task's per-step reseeding still fixes each step's masks (they differ from the eager masks of the same seed).
+Evaluation (the module in eval mode) runs the plain model.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class _TensorsOnly(nn.Module):
+    """model(*args, **kwargs) as a function of tensors in a fixed order, what make_graphed_callables takes."""
+
+    def __init__(self, model: nn.Module, n_args: int, names: tuple[str, ...]):
+        super().__init__()
+        self.model, self.n_args, self.names = model, n_args, names
+
+    def forward(self, *tensors):
+        return self.model(*tensors[:self.n_args], **dict(zip(self.names, tensors[self.n_args:])))
+
+
+def _signature(args, kwargs) -> tuple:
+    items = [(f"argument {i}", a) for i, a in enumerate(args)] + [(k, v) for k, v in kwargs.items()]
+    for name, value in items:
+        if not torch.is_tensor(value):
+            raise TypeError(f"cuda_graph: the model's input {name} is a {type(value).__name__}; graphs take "
+                            "tensors only (packed batches, with host-side lengths, cannot be graphed)")
+        if name.startswith("attention_mask"):
+            raise ValueError("cuda_graph: this batch has an attention mask; padded batches are packed, and packing "
+                             "changes the token count from batch to batch, which a graph cannot follow. Use it "
+                             "for unpadded tasks (LRA Image, Pathfinder) or set cuda_graph=false")
+    return tuple((name, tuple(v.shape), v.dtype, str(v.device)) for name, v in items)
+
+
+class GraphedModel:
+    """Calls `model` through one captured forward/backward graph pair; see the module docstring."""
+
+    def __init__(self, model: nn.Module, warmup_iters: int = 3):
+        self.model, self.warmup_iters = model, warmup_iters
+        self.signature: tuple | None = None
+        self._graphed: nn.Module | None = None
+
+    def _check_grads_cleared(self) -> None:
+        stale = [n for n, p in self.model.named_parameters() if p.grad is not None]
+        if stale:
+            raise RuntimeError(f"cuda_graph: {len(stale)} parameters (e.g. {stale[0]}) still hold a gradient at "
+                               "a graphed forward; the graph's gradient buffers would be added into twice. "
+                               "Gradient accumulation is not supported, and gradients must be set to None "
+                               "between steps (optimizer.zero_grad(set_to_none=True))")
+
+    def _capture(self, args, kwargs) -> None:
+        if any(t.device.type != "cuda" for t in (*args, *kwargs.values())):
+            raise RuntimeError("cuda_graph: the inputs are not on a CUDA device")
+        flat = _TensorsOnly(self.model, len(args), tuple(kwargs))
+        # The graphs keep the autocast state of the capture; make_graphed_callables refuses autocast's
+        # weight cache (cache_enabled=True, Lightning's default), so capture under the same state without it.
+        with torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"),
+                            dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False):
+            self._graphed = torch.cuda.make_graphed_callables(
+                flat, tuple(args) + tuple(kwargs.values()), num_warmup_iters=self.warmup_iters,
+                allow_unused_input=True)
+
+    def __call__(self, *args, **kwargs):
+        if not self.model.training:
+            return self.model(*args, **kwargs)
+        signature = _signature(args, kwargs)
+        self._check_grads_cleared()
+        if self._graphed is None:
+            self._capture(args, kwargs)
+            self.signature = signature
+        elif signature != self.signature:
+            raise ValueError(f"cuda_graph: the training inputs changed shape from {self.signature} to {signature}; "
+                             "a graph replays fixed shapes (every training batch must be whole)")
+        return self._graphed(*args, *kwargs.values())
