@@ -28,15 +28,18 @@ def batches(n, batch=8, length=129, device="cuda"):
              torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in range(n)]
 
 
-def train_steps(model, call, data):
-    """AdamW steps as Lightning takes them (gradients set to None first); the losses as floats."""
+def train_steps(model, call, data, accumulate=1, set_to_none=True):
+    """AdamW steps, each over `accumulate` micro-batches (Lightning's order: forward, zero_grad, backward);
+    the losses as floats."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
-    for ids, labels in data:
-        opt.zero_grad(set_to_none=True)
+    for i, (ids, labels) in enumerate(data):
         loss = torch.nn.functional.cross_entropy(call(input_ids=ids).float(), labels)
+        if i % accumulate == 0:
+            opt.zero_grad(set_to_none=set_to_none)
         loss.backward()
-        opt.step()
+        if i % accumulate == accumulate - 1:
+            opt.step()
         losses.append(loss.item())
     return losses
 
@@ -50,13 +53,6 @@ def test_inputs_a_graph_cannot_follow_are_refused():
         g(input_ids=ids, attention_mask=torch.ones_like(ids))
     with pytest.raises(TypeError, match="tensors only"):
         g(input_ids=ids, seq_lengths=[129, 129])
-
-
-def test_stale_gradients_are_refused_before_capture():
-    model = classifier()
-    next(model.parameters()).grad = torch.zeros_like(next(model.parameters()))
-    with pytest.raises(RuntimeError, match="accumulation is not supported"):
-        GraphedModel(model)(input_ids=torch.zeros(2, 129, dtype=torch.long))
 
 
 def test_evaluation_runs_the_plain_model():
@@ -94,6 +90,21 @@ def test_graphed_training_matches_eager(attention):
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(graphed.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accumulate,set_to_none", [(2, True), (1, False), (3, False)])
+def test_graphed_gradients_accumulate_as_eager_ones(accumulate, set_to_none):
+    """The graph hands its gradient buffers to the parameters; a second backward must add, not overwrite."""
+    data = batches(6)
+    eager = classifier("flash").cuda()
+    graphed = copy.deepcopy(eager)
+    want = train_steps(eager, eager, data, accumulate, set_to_none)
+    got = train_steps(graphed, GraphedModel(graphed), data, accumulate, set_to_none)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(graphed.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.gpu

@@ -10,12 +10,14 @@ in the backward; the loss, metrics, optimizer and the loop stay eager and run ah
 What it needs, each checked with an error that says so:
 - a CUDA device, one process, no torch.compile;
 - the same input shapes at every training step (the LRA datamodules' training streams are whole
-  batches), tensors only, and no attention mask (packing makes the token count change per batch);
-- no gradient accumulation, and gradients set to None before each step (Lightning's default): the
-  graph's gradient buffers become the parameters' .grad, so adding a second backward into them would
-  count the second one twice.
+  batches), tensors only, and no attention mask (packing makes the token count change per batch).
+Gradients: a parameter whose .grad is None takes the graph's gradient buffer itself (autograd's
+AccumulateGrad keeps the tensor it is handed), which the next backward replay overwrites. So when a
+parameter still holds a gradient at the next backward (gradient accumulation, or zeroing without
+set_to_none), it is given its own copy first (`_OwnGradients`), and the replay adds into that.
 Dropout stays random: the graphs draw from torch's CUDA generator, which advances at every replay, and
-Task's per-step reseeding still fixes each step's masks (they differ from the eager masks of the same seed).
+Task's per-step reseeding fixes each step's masks (they differ from the eager masks of the same seed; the
+generator's state is put back after the capture's warm-up runs, so the first step is no exception).
 Evaluation (the module in eval mode) runs the plain model.
 """
 from __future__ import annotations
@@ -33,6 +35,24 @@ class _TensorsOnly(nn.Module):
 
     def forward(self, *tensors):
         return self.model(*tensors[:self.n_args], **dict(zip(self.names, tensors[self.n_args:])))
+
+
+class _OwnGradients(torch.autograd.Function):
+    """Identity on the graphed outputs. Its backward runs just before the graph's backward replay and gives
+    every parameter that holds a gradient a copy of it, so that the replay, which rewrites the buffers an
+    earlier backward handed to the parameters, cannot change the gradient accumulated so far."""
+
+    @staticmethod
+    def forward(ctx, params, *outputs):
+        ctx.params = params
+        return tuple(o.view_as(o) for o in outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        for p in ctx.params:
+            if p.grad is not None:
+                p.grad = p.grad.clone()
+        return (None, *grads)
 
 
 def _signature(args, kwargs) -> tuple:
@@ -56,18 +76,11 @@ class GraphedModel:
         self.signature: tuple | None = None
         self._graphed: nn.Module | None = None
 
-    def _check_grads_cleared(self) -> None:
-        stale = [n for n, p in self.model.named_parameters() if p.grad is not None]
-        if stale:
-            raise RuntimeError(f"cuda_graph: {len(stale)} parameters (e.g. {stale[0]}) still hold a gradient at "
-                               "a graphed forward; the graph's gradient buffers would be added into twice. "
-                               "Gradient accumulation is not supported, and gradients must be set to None "
-                               "between steps (optimizer.zero_grad(set_to_none=True))")
-
     def _capture(self, args, kwargs) -> None:
         if any(t.device.type != "cuda" for t in (*args, *kwargs.values())):
             raise RuntimeError("cuda_graph: the inputs are not on a CUDA device")
         flat = _TensorsOnly(self.model, len(args), tuple(kwargs))
+        rng = torch.cuda.get_rng_state()  # the warm-up runs draw dropout masks; the first step must not see that
         # The graphs keep the autocast state of the capture; make_graphed_callables refuses autocast's
         # weight cache (cache_enabled=True, Lightning's default), so capture under the same state without it.
         with torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"),
@@ -75,16 +88,21 @@ class GraphedModel:
             self._graphed = torch.cuda.make_graphed_callables(
                 flat, tuple(args) + tuple(kwargs.values()), num_warmup_iters=self.warmup_iters,
                 allow_unused_input=True)
+        torch.cuda.set_rng_state(rng)
+        self._params = tuple(p for p in self.model.parameters() if p.requires_grad)
 
     def __call__(self, *args, **kwargs):
         if not self.model.training:
             return self.model(*args, **kwargs)
         signature = _signature(args, kwargs)
-        self._check_grads_cleared()
         if self._graphed is None:
             self._capture(args, kwargs)
             self.signature = signature
         elif signature != self.signature:
             raise ValueError(f"cuda_graph: the training inputs changed shape from {self.signature} to {signature}; "
                              "a graph replays fixed shapes (every training batch must be whole)")
-        return self._graphed(*args, *kwargs.values())
+        out, spec = torch.utils._pytree.tree_flatten(self._graphed(*args, *kwargs.values()))
+        grad_at = [i for i, o in enumerate(out) if torch.is_tensor(o) and o.requires_grad]
+        for i, o in zip(grad_at, _OwnGradients.apply(self._params, *(out[i] for i in grad_at))):
+            out[i] = o
+        return torch.utils._pytree.tree_unflatten(out, spec)

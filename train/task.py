@@ -108,7 +108,6 @@ class Task(L.LightningModule):
         problems = [why for bad, why in [
             (self.device.type != "cuda", f"it needs a CUDA device (the model is on {self.device})"),
             (t.world_size > 1, f"it runs in one process ({t.world_size} here)"),
-            (t.accumulate_grad_batches > 1, "gradient accumulation would add into the graph's gradient buffers twice"),
             (str(t.precision).startswith("16"), "fp16 with a loss scaler is not supported; use bf16-mixed"),
         ] if bad]
         if problems:
