@@ -82,11 +82,13 @@ def test_cpu_run_with_cuda_graph_says_it_needs_a_gpu(tmp_path):
 def test_graphed_training_matches_eager(attention):
     """Without dropout the graphed and eager runs take the same steps (float32, no autocast)."""
     data = batches(5)
+    inputs = [ids.clone() for ids, _ in data]
     eager = classifier(attention).cuda()
     graphed = copy.deepcopy(eager)
     want = train_steps(eager, eager, data)
     got = train_steps(graphed, GraphedModel(graphed), data)
     assert got[-1] < got[0]
+    assert all(torch.equal(a, ids) for a, (ids, _) in zip(inputs, data))  # the caller's batches untouched
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(graphed.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)

@@ -11,10 +11,8 @@ What it needs, each checked with an error that says so:
 - a CUDA device, one process, no torch.compile;
 - the same input shapes at every training step (the LRA datamodules' training streams are whole
   batches), tensors only, and no attention mask (packing makes the token count change per batch).
-Gradients: a parameter whose .grad is None takes the graph's gradient buffer itself (autograd's
-AccumulateGrad keeps the tensor it is handed), which the next backward replay overwrites. So when a
-parameter still holds a gradient at the next backward (gradient accumulation, or zeroing without
-set_to_none), it is given its own copy first (`_OwnGradients`), and the replay adds into that.
+Gradients are added into tensors the parameters own (`_OwnGradients`), never the graph's buffers, so
+gradient accumulation and zeroing in place work as in eager mode.
 Dropout stays random: the graphs draw from torch's CUDA generator, which advances at every replay, and
 Task's per-step reseeding fixes each step's masks (they differ from the eager masks of the same seed; the
 generator's state is put back after the capture's warm-up runs, so the first step is no exception).
@@ -39,8 +37,11 @@ class _TensorsOnly(nn.Module):
 
 class _OwnGradients(torch.autograd.Function):
     """Identity on the graphed outputs. Its backward runs just before the graph's backward replay and gives
-    every parameter that holds a gradient a copy of it, so that the replay, which rewrites the buffers an
-    earlier backward handed to the parameters, cannot change the gradient accumulated so far."""
+    every parameter without a gradient a zeroed one of its own (one flat buffer per dtype, one fill), so the
+    replay's gradients are added into memory the parameter owns instead of being handed over: handed over
+    (autograd's AccumulateGrad keeps a gradient it can steal), .grad would be memory of the graph's pool that
+    the next replays reuse for activations, and a later backward or an in-place zeroing between the forward
+    and the backward would corrupt one or the other."""
 
     @staticmethod
     def forward(ctx, params, *outputs):
@@ -49,9 +50,17 @@ class _OwnGradients(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        by_dtype: dict[torch.dtype, list] = {}
         for p in ctx.params:
-            if p.grad is not None:
-                p.grad = p.grad.clone()
+            if p.grad is None:
+                by_dtype.setdefault(p.dtype, []).append(p)
+        for dtype, params in by_dtype.items():
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=params[0].device)
+            at = 0
+            for p in params:
+                p.grad = (flat[at:at + p.numel()].view(p.shape) if p.is_contiguous()
+                          else torch.zeros_like(p, memory_format=torch.preserve_format))
+                at += p.numel()
         return (None, *grads)
 
 
@@ -85,8 +94,9 @@ class GraphedModel:
         # weight cache (cache_enabled=True, Lightning's default), so capture under the same state without it.
         with torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"),
                             dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False):
+            # Copies: the sample tensors become the graph's input buffers, which every later call writes into.
             self._graphed = torch.cuda.make_graphed_callables(
-                flat, tuple(args) + tuple(kwargs.values()), num_warmup_iters=self.warmup_iters,
+                flat, tuple(t.clone() for t in (*args, *kwargs.values())), num_warmup_iters=self.warmup_iters,
                 allow_unused_input=True)
         torch.cuda.set_rng_state(rng)
         self._params = tuple(p for p in self.model.parameters() if p.requires_grad)

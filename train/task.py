@@ -111,7 +111,7 @@ class Task(L.LightningModule):
             (str(t.precision).startswith("16"), "fp16 with a loss scaler is not supported; use bf16-mixed"),
         ] if bad]
         if problems:
-            raise ValueError("cuda_graph=true: " + "; ".join(problems))
+            raise ValueError("cuda_graph=true: " + "; ".join(problems) + " (cuda_graph=false runs eagerly)")
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         """For models that pack their tokens: each attention mask's per-row counts as host ints, read here
