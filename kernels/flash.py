@@ -19,6 +19,12 @@ Algorithm
   to 1/65536; see `dropout_keep`). Backward
   regenerates the same mask; no mask is stored. `dropout_keep_mask` returns the kernel's mask for tests.
 - Varlen (packed sequences, cu_seqlens) runs through the same kernels with the VARLEN constexpr.
+- Warp specialisation (Hopper): with the WARP_SPEC constexpr the forward runs one key loop over TMA
+  descriptors of q, k, v, `tl.range(..., warp_specialize=True)` (producer warps load, consumer warps compute;
+  Triton >= 3.6), masking every tile element-wise, since Triton 3.6's Hopper specialiser takes no second loop
+  (see `_fwd_ws`). The launcher chooses it (`_fwd_kind`) on sm_90 at head dim 128 without dropout, for
+  16-byte aligned inputs whose heads and batches lie side by side; elsewhere, and always under the
+  interpreter, the forward is the two-stage loop. The backward does not use it.
 
 Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact under the
 interpreter), head dims that are multiples of 8 up to 256 (padded to a power of two with masked
@@ -27,8 +33,8 @@ loads), any sequence lengths, GQA/MQA, strided inputs (last dim must be contiguo
 Launch configs: autotuned on the GPU over a small list per kernel, keyed on (power-of-two seqlen bucket,
 head dim, causal, varlen, dropout), each result persisted in Triton's cache directory for later processes
 (not yet timed: the first-call latency with a warm cache is unmeasured); FLASH_AUTOTUNE=0 uses one fixed
-config (GPU tests); under TRITON_INTERPRET=1 one 16x16 config. Causal grids run the heaviest query blocks
-first.
+config (GPU tests; at head dim 128 on sm_90 the warp-specialised one for non-causal attention); under
+TRITON_INTERPRET=1 one 16x16 config. Causal grids run the heaviest query blocks first.
 
 Known limits: head dim 256 runs (tested with the fixed config) but is not tuned; varlen input checks
 read cu_seqlens on the host (one device sync per call); no attention bias / alibi / sliding window; the
@@ -43,6 +49,7 @@ so torch.compile(fullgraph=True) traces through them) -> public `flash_attn_func
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -351,6 +358,79 @@ def _key_stages(start_m, seqlen_k, diag, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.co
     return mid, hi
 
 
+@triton.jit
+def _fwd_ws(Q, K, V, cu_seqlens_q, cu_seqlens_k, b, h, group, nheads, q_start, seqlen_q, k_start, seqlen_k, start_m,
+            stride_qm, stride_kn, stride_vn, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr):
+    """(acc, m_i, l_i) of one query tile over all its key tiles, as one warp-specialised loop (Hopper).
+
+    Q, K and V are read through TMA descriptors made on the device over the 2-D views the launcher checked
+    (`_ws_unsupported`): rows (batch, token) or packed tokens, columns head x head dim, so the compiler can
+    give the loads to a producer warp group while the consumer warps run the dots and the softmax
+    (Triton 3.6, `tl.range(..., warp_specialize=True)`; results/attention/ws_fwd_ab/). Rows past the end of
+    the tensor read as 0; rows of the next sequence are masked like keys past seqlen_k.
+
+    Why one loop with masks on every tile, not fwd_block_step's split into unmasked and masked stages:
+    compiled for sm_90, Triton 3.6's Hopper warp specialiser fails (compiler assertions) when the kernel has
+    a second key loop before or after the specialised one, an early exit, or a Q tile loaded through
+    pointers, and quietly does not specialise when the loop body holds an `if` or a dot sits outside the
+    loop. Non-causal: keys >= seqlen_k get a -inf bias (every tile keeps a visible key, so no row's max stays
+    -inf). Causal: the element-wise diagonal mask on every tile; it also hides keys >= seqlen_k from every
+    row that is stored, and rows that see no key keep m_i = -inf (handled as in fwd_block_step).
+    """
+    nbatch = tl.num_programs(1) // nheads
+    if VARLEN:
+        q_row = q_start + start_m
+        k_row = k_start
+        rows_q = tl.load(cu_seqlens_q + nbatch)
+        rows_k = tl.load(cu_seqlens_k + nbatch)
+    else:
+        q_row = b * seqlen_q + start_m
+        k_row = b * seqlen_k
+        rows_q = nbatch * seqlen_q
+        rows_k = nbatch * seqlen_k
+    k_col = (h // group) * HEAD_DIM
+    width_k = (nheads // group) * HEAD_DIM
+    q_desc = tl.make_tensor_descriptor(Q, shape=[rows_q, nheads * HEAD_DIM], strides=[stride_qm, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K, shape=[rows_k, width_k], strides=[stride_kn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V, shape=[rows_k, width_k], strides=[stride_vn, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    q = q_desc.load([q_row, h * HEAD_DIM])
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    diag = seqlen_k - seqlen_q
+    if IS_CAUSAL:
+        hi = tl.minimum(seqlen_k, start_m + BLOCK_M + diag)
+    else:
+        hi = seqlen_k
+    hi = tl.where(start_m < seqlen_q, hi, 0)  # (varlen) a query tile past its sequence: no keys, nothing stored
+    for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
+        k = k_desc.load([k_row + start_n, k_col])
+        qk = tl.dot(q, tl.trans(k))
+        cols = start_n + offs_n
+        if IS_CAUSAL:
+            qk = tl.where(cols[None, :] <= offs_m[:, None] + diag, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            qk = qk + tl.where(cols < seqlen_k, 0.0, float("-inf"))[None, :]
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_use = m_new
+        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = v_desc.load([k_row + start_n, k_col])
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
 # ---------------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------------
@@ -371,11 +451,15 @@ def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seq
                 TUNE_Q, TUNE_K,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                REVERSE: tl.constexpr = False):
+                REVERSE: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
     start_m, bh, b, h, q_start, seqlen_q, k_start, seqlen_k = _query_program(
         cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, BLOCK_M, VARLEN, REVERSE)
-    if start_m >= seqlen_q:
-        return
+    # `is True` is decided when the kernel is traced, also where a compile-only tool makes WARP_SPEC a runtime
+    # argument (scripts/kernel_resources.py types the parameters it is not given as i32): that compile then
+    # builds the two-stage loop, as before, instead of both loops behind a runtime branch.
+    if WARP_SPEC is not True:  # no early exit before a warp-specialised loop (see _fwd_ws)
+        if start_m >= seqlen_q:
+            return
     b64 = b.to(tl.int64)
     q_base = Q + b64 * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qm
     k_base = K + b64 * stride_kb + (h // group) * stride_kh + k_start.to(tl.int64) * stride_kn
@@ -389,21 +473,27 @@ def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seq
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
-    q = load_tile(q_base, stride_qm, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if WARP_SPEC is True:
+        tl.static_assert(HEAD_DIM == BLOCK_D and not HAS_DROPOUT, "WARP_SPEC needs HEAD_DIM == BLOCK_D and no dropout")
+        acc, m_i, l_i = _fwd_ws(Q, K, V, cu_seqlens_q, cu_seqlens_k, b, h, group, nheads, q_start, seqlen_q, k_start,
+                                seqlen_k, start_m, stride_qm, stride_kn, stride_vn, qk_scale, HEAD_DIM, BLOCK_M,
+                                BLOCK_N, IS_CAUSAL, VARLEN)
+    else:
+        q = load_tile(q_base, stride_qm, offs_m, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    diag = seqlen_k - seqlen_q
-    mid, hi = _key_stages(start_m, seqlen_k, diag, IS_CAUSAL, BLOCK_M, BLOCK_N)
-    for start_n in range(0, mid, BLOCK_N):
-        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
-                                       offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
-                                       HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
-    for start_n in range(mid, hi, BLOCK_N):
-        acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
-                                       offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
-                                       HEAD_DIM, BLOCK_D, IS_CAUSAL, True, HAS_DROPOUT)
+        diag = seqlen_k - seqlen_q
+        mid, hi = _key_stages(start_m, seqlen_k, diag, IS_CAUSAL, BLOCK_M, BLOCK_N)
+        for start_n in range(0, mid, BLOCK_N):
+            acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
+                                           offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+                                           HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
+        for start_n in range(mid, hi, BLOCK_N):
+            acc, m_i, l_i = fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m,
+                                           offs_n, offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh,
+                                           HEAD_DIM, BLOCK_D, IS_CAUSAL, True, HAS_DROPOUT)
     acc, lse = fwd_finalize(acc, m_i, l_i, drop_scale, HAS_DROPOUT)
     row_ok = offs_m < seqlen_q
     tl.store(lse_base + offs_m, lse, mask=row_ok)
@@ -566,8 +656,8 @@ def _dropout_mask_kernel(OUT, SEED, seqlen_q, seqlen_k, drop_thresh, BLOCK_M: tl
 # ---------------------------------------------------------------------------------------------------
 
 
-def _configs(shapes):
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+def _configs(shapes, **consts):
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, **consts}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
 _FWD_SHAPES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4), (64, 64, 4, 3),
@@ -576,6 +666,10 @@ _DKDV_SHAPES = [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8,
                 (16, 64, 4, 4), (32, 128, 8, 2), (64, 64, 8, 2)]  # the last two: no / least spills at hd 128
 _DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 32, 4, 4),
               (64, 16, 4, 4)]
+# The warp-specialised forward (WARP_SPEC, head dim 128, sm_90): 2 stages only, since every 3-stage WS config
+# that compiled returned NaN in the A/B (results/attention/ws_fwd_ab/); with 8 warps the compiler does not
+# specialise. Candidates only where `_ws_unsupported` finds nothing against it (see `_fwd_kind`).
+_FWD_WS_SHAPES = [(128, 128, 4, 2)]
 _TUNE_KEY = ["TUNE_Q", "TUNE_K", "HEAD_DIM", "IS_CAUSAL", "VARLEN", "HAS_DROPOUT"]
 _INTERP_BLOCK = {"BLOCK_M": 16, "BLOCK_N": 16}
 
@@ -592,18 +686,21 @@ def _prune(configs, named_args, **kwargs):
     return keep or configs[-1:]
 
 
-def _autotuned(kernel, shapes):
+def _autotuned(kernel, configs):
     # cache_results: each tuning result is kept in Triton's cache directory (~/.triton/cache, or
     # TRITON_CACHE_DIR), keyed by the Triton version, the GPU target, the kernel source, the tuning key
     # (sequence-length buckets, head dim, causal, varlen, dropout, dtypes) and the config list, so a new
     # process reuses it instead of timing every config again.
-    return triton.autotune(_configs(shapes), key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune},
+    return triton.autotune(configs, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune},
                            cache_results=True)(kernel)
 
 
-_fwd_tuned = _autotuned(_fwd_kernel, _FWD_SHAPES)
-_dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _DKDV_SHAPES)
-_dq_tuned = _autotuned(_bwd_dq_kernel, _DQ_SHAPES)
+_fwd_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES))
+# A second tuner for launches that may warp-specialise: its own cache, so that a choice made for inputs
+# the WS loop can read never reaches inputs it cannot (the tuning key does not see strides or the GPU).
+_fwd_ws_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES) + _configs(_FWD_WS_SHAPES, WARP_SPEC=True))
+_dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES))
+_dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 
 
 # Fixed configs for FLASH_AUTOTUNE=0 (e.g. GPU tests, which would otherwise tune every shape they touch),
@@ -612,13 +709,17 @@ _dq_tuned = _autotuned(_bwd_dq_kernel, _DQ_SHAPES)
 # Head dims up to 64: each within 2% of the fastest candidate at the GPT-2 shape with dropout 0 and 0.1
 # (results/attention/tune/), where the earlier (128, 64) / (32, 128) / (128, 32) tiles took 25% longer with
 # dropout.
+# "fwd_ws" (head dim 128 only): the warp-specialised forward's config, used where `_fwd_kind` picks it: non-
+# causal only, where the A/B measured 1.18x / 1.20x the autotuned forward at 4K / 1K tokens. Causal keeps
+# "fwd": its WS loop masks every tile element-wise (see _fwd_ws), which no measurement has priced yet.
 _DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 4), "dq": (64, 32, 4, 4)}
-_DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3)}
+_DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3), "fwd_ws": _FWD_WS_SHAPES[0]}
 _DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}  # head dim 256
 
 
 def fallback_configs(block_d: int) -> dict:
-    """The FLASH_AUTOTUNE=0 configs for a padded head dim: {kernel: (BLOCK_M, BLOCK_N, warps, stages)}."""
+    """The FLASH_AUTOTUNE=0 configs for a padded head dim: {kernel: (BLOCK_M, BLOCK_N, warps, stages)}; kernel
+    "fwd_ws" (head dim 128) is the forward with WARP_SPEC."""
     return _DEFAULT_WIDE if block_d > 128 else _DEFAULT_128 if block_d > 64 else _DEFAULT
 
 
@@ -628,14 +729,23 @@ def fallback_configs(block_d: int) -> dict:
 _TUNED_CONFIGS: dict = {}
 
 
+# Constexprs a kind adds to its fixed (and interpreter) config; tuned configs carry their own.
+_KIND_CONSTS = {"fwd_ws": {"WARP_SPEC": True}}
+
+
+def _autotuning() -> bool:
+    return os.environ.get("FLASH_AUTOTUNE", "1") != "0"
+
+
 def _launch(kind, raw, tuned, grid_of, args, consts, dtypes=()):
-    """Autotuned launch on the GPU; a fixed config with FLASH_AUTOTUNE=0; a small one under the interpreter.
-    args end with the two tuning buckets; dtypes: those of the tensors whose dtype can vary independently."""
+    """Autotuned launch on the GPU; a fixed config with FLASH_AUTOTUNE=0 or tuned=None; a small one under the
+    interpreter. args end with the two tuning buckets; dtypes: those of the tensors whose dtype can vary
+    independently."""
     if _interpreting():
-        raw[grid_of(_INTERP_BLOCK)](*args, **consts, **_INTERP_BLOCK)
-    elif os.environ.get("FLASH_AUTOTUNE", "1") == "0":
+        raw[grid_of(_INTERP_BLOCK)](*args, **consts, **_INTERP_BLOCK, **_KIND_CONSTS.get(kind, {}))
+    elif tuned is None or not _autotuning():
         m, n, w, s = fallback_configs(consts["BLOCK_D"])[kind]
-        blocks = {"BLOCK_M": m, "BLOCK_N": n}
+        blocks = {"BLOCK_M": m, "BLOCK_N": n, **_KIND_CONSTS.get(kind, {})}
         raw[grid_of(blocks)](*args, **consts, **blocks, num_warps=w, num_stages=s)
     else:
         key = (kind, args[-2], args[-1], *consts.values(), *dtypes)
@@ -818,8 +928,104 @@ def lse_strides(lse, varlen: bool) -> tuple[int, int]:
     return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
 
 
-def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k, out_dtype=None):
+# Warp specialisation (the forward's `_fwd_ws`): Triton 3.6's `tl.range(..., warp_specialize=True)` on sm_90.
+_WS_TRITON = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 6)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
+def _ws_layout_problem(t: torch.Tensor, varlen: bool) -> str | None:
+    """Why `_fwd_ws` cannot read t through its 2-D TMA view (rows: (batch, token) or packed tokens; columns:
+    head x head dim), or None. TMA needs a 16-byte aligned base and row stride and a contiguous last dim."""
+    nheads, headdim = t.shape[-2], t.shape[-1]
+    row = t.stride(0 if varlen else 1)
+    if t.stride(-1) != 1 or (nheads > 1 and t.stride(-2) != headdim):
+        return "heads not side by side in memory"
+    if not varlen and t.shape[0] > 1 and t.stride(0) != t.shape[1] * row:
+        return "batches not side by side in memory"
+    if t.data_ptr() % 16 or row * t.element_size() % 16 or row < nheads * headdim:
+        return "base or row stride not 16-byte aligned"
+    if t.numel() == 0 or t.numel() // (nheads * headdim) >= 2**31:
+        return "no rows, or more than 2^31"
+    return None
+
+
+def _ws_unsupported(q, k, v, dropout_p: float, varlen: bool) -> str | None:
+    """Why the warp-specialised forward cannot take these inputs on any platform, or None."""
+    if q.shape[-1] != 128:
+        return "head dim is not 128 (the A/B found no gain at 64)"
+    if dropout_p > 0:
+        return "dropout (the warp-specialised loop has none)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        problem = _ws_layout_problem(t, varlen)
+        if problem:
+            return f"{name}: {problem}"
+    return None
+
+
+def _ws_platform_unsupported(q) -> str | None:
+    """Why this platform does not run the warp-specialised forward, or None."""
+    if _interpreting():
+        return "the Triton interpreter"
+    if not _WS_TRITON:
+        return f"Triton {triton.__version__} (built and tested with 3.6)"
+    if q.device.type != "cuda" or not _is_sm90(q.device.index):
+        return "not an sm_90 (Hopper) GPU"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return "float32 (tf32 dots, not tried with warp specialisation)"
+    return None
+
+
+def _fwd_kind(q, k, v, causal: bool, dropout_p: float, varlen: bool, warp_spec: bool | None):
+    """(kind, tuner) of one forward launch: "fwd" (the two-stage key loop) or "fwd_ws" (`_fwd_ws`).
+
+    warp_spec None (every caller but tests and A/Bs): "fwd_ws" where neither `_ws_unsupported` nor
+    `_ws_platform_unsupported` finds a reason against it; when autotuning, its tuner times the WS config beside
+    the plain ones; with FLASH_AUTOTUNE=0, the fixed WS config for non-causal attention only (see _DEFAULT_128).
+    False: never. True: always, in its fixed config; raises ValueError where it cannot run; under the
+    interpreter it runs `_fwd_ws`'s arithmetic (the interpreter ignores warp_specialize). Both paths compute
+    the same function of the inputs, so this chooses code, not results.
+    """
+    if warp_spec is False:
+        return "fwd", _fwd_tuned
+    reason = _ws_unsupported(q, k, v, dropout_p, varlen)
+    if reason is None and not (warp_spec and _interpreting()):
+        reason = _ws_platform_unsupported(q)
+    if reason is not None:
+        if warp_spec:
+            raise ValueError(f"warp_spec=True, but the warp-specialised forward cannot run here: {reason}")
+        return "fwd", _fwd_tuned
+    if warp_spec:
+        return "fwd_ws", None
+    if _autotuning():
+        return "fwd_ws", _fwd_ws_tuned
+    return ("fwd", _fwd_tuned) if causal else ("fwd_ws", None)
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    """Global memory for the TMA descriptors `_fwd_ws` writes on the device (3 x 128 bytes per program), from
+    torch's caching allocator on the current device and stream, which are the ones Triton launches on: no
+    cudaMalloc per launch, and its blocks are 512-byte aligned (Triton asks for 128)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_tma_allocator():
+    """Install `_tma_scratch` as Triton's allocator unless one is set. Triton keeps it in a ContextVar, which a
+    new thread starts without, so this is checked on every warp-specialised launch (one ContextVar read), not
+    once per process; an allocator set by someone else stays (any that returns device memory will do)."""
+    from triton.runtime import _allocation  # Triton 3.6 has no public getter
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_tma_scratch)
+
+
+def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k, out_dtype=None,
+               warp_spec=None):
     # out_dtype: the kernel stores O in whatever dtype O has (float32 for kernels/ring.py's partial outputs).
+    # warp_spec: see `_fwd_kind` (None: automatic).
     nheads, headdim = q.shape[-2], q.shape[-1]
     group = nheads // k.shape[-2]
     o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
@@ -837,7 +1043,10 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
             slb, slh, _bucket(max_q), _bucket(max_k))
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0, REVERSE=causal)
-    _launch("fwd", _fwd_kernel, _fwd_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts,
+    kind, tuned = _fwd_kind(q, k, v, causal, dropout_p, varlen, warp_spec)
+    if kind == "fwd_ws" and not _interpreting():
+        _ensure_tma_allocator()
+    _launch(kind, _fwd_kernel, tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts,
             (q.dtype, o.dtype))
     return o, lse, seed
 

@@ -180,7 +180,8 @@ def autotune_picks():
     except Exception:  # noqa: BLE001
         return {}
     out = {}
-    for name, k in (("fwd", flash._fwd_tuned), ("dkdv", flash._dkdv_tuned), ("dq", flash._dq_tuned)):
+    for name, k in (("fwd", flash._fwd_tuned), ("fwd_ws", flash._fwd_ws_tuned), ("dkdv", flash._dkdv_tuned),
+                    ("dq", flash._dq_tuned)):
         out[name] = {str(key): str(cfg) for key, cfg in getattr(k, "cache", {}).items()}
     return out
 
