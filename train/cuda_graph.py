@@ -8,7 +8,7 @@ about as much Python to launch its ~180 kernels; the training loop's own host ti
 in the backward; the loss, metrics, optimizer and the loop stay eager and run ahead of the GPU.
 
 What it needs, each checked with an error that says so:
-- a CUDA device, one process, no torch.compile;
+- a CUDA device, one process, no torch.compile, no fp16 loss scaler (bf16-mixed or float32);
 - the same input shapes at every training step (the LRA datamodules' training streams are whole
   batches), tensors only, and no attention mask (packing makes the token count change per batch).
 Gradients are added into tensors the parameters own (`_OwnGradients`), never the graph's buffers, so

@@ -169,8 +169,8 @@ class Task(L.LightningModule):
 
     def logs_this_step(self) -> bool:
         """Whether Lightning writes training metrics at this step (every trainer.log_every_n_steps, and the
-        last). Training steps call self.log only then: each call costs ~0.3-0.8 ms of host time, which is
-        most of what is left of a small model's step once it is graphed (results/lra/cuda_graph/)."""
+        last). Training steps call self.log only then: each call is hundreds of microseconds of Python, the largest
+        host item left of a small model's step once it is graphed (results/lra/cuda_graph/)."""
         if self._trainer is None:
             return True
         return self.trainer._logger_connector.should_update_logs
@@ -228,8 +228,8 @@ class MLMTask(Task):
 
     def forward(self, batch):
         return self.run_model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                          token_type_ids=batch.get("token_type_ids"), masked_positions=batch["mlm_positions"],
-                          seq_lengths=batch.get("seq_lengths"))
+                              token_type_ids=batch.get("token_type_ids"), masked_positions=batch["mlm_positions"],
+                              seq_lengths=batch.get("seq_lengths"))
 
     def training_step(self, batch, batch_idx):
         mlm_logits, nsp_logits = self(batch)
