@@ -154,6 +154,25 @@ def load_tile(ptr_base, stride_row, rows, offs_d, row_limit, HEAD_DIM: tl.conste
 
 
 @triton.jit
+def softmax_update(acc, m_i, l_i, qk, qk_scale, ROWS_MAY_BE_EMPTY: tl.constexpr):
+    """One online-softmax step on a tile of raw scores qk (-inf where masked), in base-2 units.
+
+    Returns (p, acc, l_i, m_new): the tile's unnormalised probabilities exp2(qk * qk_scale - m_new), and the
+    running acc and l_i rescaled to the new row max m_new (p @ V is the caller's to add). ROWS_MAY_BE_EMPTY:
+    a row may have seen no visible key yet (masked tiles); it subtracts 0 instead of -inf, so exp2 gives 0,
+    not NaN, and m_new stays -inf.
+    """
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    if ROWS_MAY_BE_EMPTY:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    return p, acc * alpha[:, None], l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
 def fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m, offs_n, offs_d,
                    seqlen_k, diag_offset, qk_scale, seed, bh, drop_thresh,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr,
@@ -182,16 +201,7 @@ def fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start
         else:
             allowed = (cols[None, :] < seqlen_k) & (offs_m[:, None] >= 0)
         qk = tl.where(allowed, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        # Rows with no visible key yet: subtract 0 instead of -inf so exp2 gives 0, not NaN.
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        m_use = m_new
-    p = tl.math.exp2(qk * qk_scale - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
+    p, acc, l_i, m_new = softmax_update(acc, m_i, l_i, qk, qk_scale, MASK_CAUSAL or MASK_SEQ)
     v = load_tile(v_base, stride_vn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASK_SEQ)
     if HAS_DROPOUT:
         keep = dropout_keep_tile(seed, bh, offs_m, start_n, drop_thresh, offs_n.shape[0])
@@ -415,16 +425,9 @@ def _fwd_ws(Q, K, V, cu_seqlens_q, cu_seqlens_k, b, h, group, nheads, q_start, s
         cols = start_n + offs_n
         if IS_CAUSAL:
             qk = tl.where(cols[None, :] <= offs_m[:, None] + diag, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             qk = qk + tl.where(cols < seqlen_k, 0.0, float("-inf"))[None, :]
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            m_use = m_new
-        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        p, acc, l_i, m_new = softmax_update(acc, m_i, l_i, qk, qk_scale, IS_CAUSAL)
         v = v_desc.load([k_row + start_n, k_col])
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new

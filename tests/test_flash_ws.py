@@ -16,8 +16,7 @@ import torch
 
 import kernels.flash as F
 from kernels.standard import standard_attention
-
-FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+from tests.test_flash import FLOOR, _maxerr as _err
 WS_GPU = (torch.cuda.is_available() and not F._interpreting() and F._WS_TRITON
           and torch.cuda.get_device_capability() == (9, 0))
 ws_gpu = pytest.mark.skipif(not WS_GPU, reason="needs an sm_90 GPU and Triton >= 3.6")
@@ -154,10 +153,6 @@ def _reference(q, k, v, do, causal):
         out, lse = standard_attention(qr, kr, vr, causal=causal, return_lse=True)
         res.append((out, lse, torch.autograd.grad(out, (qr, kr, vr), do.to(dt))))
     return res
-
-
-def _err(a, ref):
-    return (a.double() - ref).abs().max().item()
 
 
 def check_ws(q, k, v, causal, seed=0):
