@@ -75,6 +75,7 @@ from kernels.flash import (
     problem_sizes,
     seq_bounds,
 )
+from kernels.launch import launch
 from kernels.sparsity import BlockSparseLayout, cdiv, check_layout_tensor
 from kernels.standard import standard_attention
 
@@ -560,15 +561,13 @@ def _bs_forward(q, k, v, tables, block_size, causal, sm_scale, dropout_p, cu_q=N
     o = q.new_empty(q.shape)
     seed = draw_dropout_seed(q.device) if dropout_p > 0 else torch.zeros(1, dtype=torch.int64, device=q.device)
     thresh, drop_scale = _drop_consts(dropout_p)
-    _bs_fwd_kernel[(cdiv(max_q, bm), batch * nheads)](
-        q, k, v, o, lse, seed, row_full, row_part, row_idx, cu_q if varlen else lse,
-        cu_k if varlen else lse,
-        *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), slb, slh,
-        _lay_stride(row_full), row_idx.shape[-1], nheads, nheads // k.shape[-2], max_q, max_k,
-        sm_scale * LOG2E, thresh, drop_scale,
-        HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
-        VARLEN=varlen, IDX_WIDTH=_width(row_idx) if varlen else 16, num_warps=warps, num_stages=stages,
-    )
+    launch(_bs_fwd_kernel, (cdiv(max_q, bm), batch * nheads),
+           (q, k, v, o, lse, seed, row_full, row_part, row_idx, cu_q if varlen else lse, cu_k if varlen else lse,
+            *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), slb, slh,
+            _lay_stride(row_full), row_idx.shape[-1], nheads, nheads // k.shape[-2], max_q, max_k,
+            sm_scale * LOG2E, thresh, drop_scale),
+           dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
+                VARLEN=varlen, IDX_WIDTH=_width(row_idx) if varlen else 16, num_warps=warps, num_stages=stages))
     return o, lse, seed
 
 
@@ -602,10 +601,10 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
                   num_warps=warps, num_stages=stages)
     bhk = batch * nheads_k
     if _bwd_mode(d) == "fused":
-        _bs_bwd_kernel[(n_kv_tiles + group * n_q_tiles, bhk)](*args, ROLE=0, **consts)
+        launch(_bs_bwd_kernel, (n_kv_tiles + group * n_q_tiles, bhk), args, dict(consts, ROLE=0))
     else:
-        _bs_bwd_kernel[(n_kv_tiles, bhk)](*args, ROLE=1, **consts)
-        _bs_bwd_kernel[(group * n_q_tiles, bhk)](*args, ROLE=2, **consts)
+        launch(_bs_bwd_kernel, (n_kv_tiles, bhk), args, dict(consts, ROLE=1))
+        launch(_bs_bwd_kernel, (group * n_q_tiles, bhk), args, dict(consts, ROLE=2))
     return dq, dk, dv
 
 

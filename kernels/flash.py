@@ -57,6 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import launch
 from kernels.sparsity import cdiv
 
 LOG2E = 1.4426950408889634
@@ -749,7 +750,7 @@ def _launch(kind, raw, tuned, grid_of, args, consts, dtypes=()):
     elif tuned is None or not _autotuning():
         m, n, w, s = fallback_configs(consts["BLOCK_D"])[kind]
         blocks = {"BLOCK_M": m, "BLOCK_N": n, **_KIND_CONSTS.get(kind, {})}
-        raw[grid_of(blocks)](*args, **consts, **blocks, num_warps=w, num_stages=s)
+        launch(raw, grid_of(blocks), args, {**consts, **blocks, "num_warps": w, "num_stages": s})
     else:
         key = (kind, args[-2], args[-1], *consts.values(), *dtypes)
         config = _TUNED_CONFIGS.get(key)
@@ -757,7 +758,7 @@ def _launch(kind, raw, tuned, grid_of, args, consts, dtypes=()):
             tuned[lambda meta: grid_of(meta)](*args, **consts)
             _TUNED_CONFIGS[key] = config = tuned.best_config.all_kwargs()
             return
-        raw[grid_of(config)](*args, **consts, **config)
+        launch(raw, grid_of(config), args, {**consts, **config})
 
 
 def _varlen_max(n: int) -> int:
@@ -907,9 +908,9 @@ def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_s
         sdb, sdh = delta.stride(0), delta.stride(1)
     block_m = 16 if _interpreting() else 64
     grid = (cdiv(seqlen, block_m), batch * nheads)
-    _bwd_preprocess_kernel[grid](o, do, delta, cu_seqlens_q if varlen else o, seqlen, nheads,
-                                 *_strides(o, varlen), *_strides(do, varlen), sdb, sdh,
-                                 HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen)
+    launch(_bwd_preprocess_kernel, grid, (o, do, delta, cu_seqlens_q if varlen else o, seqlen, nheads,
+                                          *_strides(o, varlen), *_strides(do, varlen), sdb, sdh),
+           dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen))
     return delta
 
 

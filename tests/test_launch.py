@@ -1,0 +1,152 @@
+"""kernels/launch.py: repeated launches go to the compiled kernel's launcher, every change of specialisation
+goes back through Triton. On the CPU, a stand-in kernel records which path each launch took; on the GPU the
+flash kernels are run through both paths and must agree bit for bit."""
+import pytest
+import torch
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+import kernels.launch as L
+
+
+def _signature(X, Y, n, stride, per_batch, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr = False):
+    pass
+
+
+# A JITFunction itself (triton.jit gives an interpreter object under TRITON_INTERPRET=1): launch() reads its params.
+SIGNATURE = JITFunction(_signature, do_not_specialize=["per_batch"])
+
+
+class FakeCompiled:
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, log):
+        self.log = log
+
+    def _init_handles(self):
+        pass
+
+    def run(self, *a):
+        self.log.append(("direct", a))
+
+
+class FakeKernel:
+    """What launch() uses of a JITFunction: params and kernel[grid](...) returning the compiled kernel."""
+    params = SIGNATURE.params
+
+    def __init__(self):
+        self.log = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.log.append(("triton", grid, args, kw))
+            return FakeCompiled(self.log)
+        return run
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(L, "_interpreting", lambda: False)
+    monkeypatch.setattr(L, "_launch_hooked", lambda: False)
+    monkeypatch.setattr(L, "_current_device", lambda: 0)
+    monkeypatch.setattr(L, "_current_stream", lambda device: "stream")
+    return FakeKernel()
+
+
+def paths(k):
+    return [entry[0] for entry in k.log]
+
+
+def test_second_launch_is_direct_with_constexprs_in_signature_order(fake):
+    x, y = torch.zeros(64), torch.zeros(64)
+    args = (x, y, 64, 16, 1000, 0.5)
+    L.launch(fake, (3, 2), args, {"BLOCK": 32, "num_warps": 4})
+    L.launch(fake, (3, 2), args, {"BLOCK": 32, "num_warps": 4})
+    assert paths(fake) == ["triton", "direct"]
+    # grid padded to three axes, stream, launcher metadata, no hooks, then every argument and the defaulted FLAG
+    assert fake.log[1][1] == (3, 2, 1, "stream", "fn", "meta", None, None, None, *args, 32, False)
+
+
+def test_every_specialisation_change_goes_through_triton(fake):
+    x, y = torch.zeros(64), torch.zeros(64)
+    base = (x, y, 64, 16, 1000, 0.5)
+    L.launch(fake, (1,), base, {"BLOCK": 32})
+    variants = [
+        (x[1:], y, 64, 16, 1000, 0.5),        # address no longer 16-byte aligned
+        (x.half(), y, 64, 16, 1000, 0.5),     # dtype
+        (x, y, 65, 16, 1000, 0.5),            # an int's value (Triton keys % 16 and == 1)
+        (x, y, 64, 1, 1000, 0.5),
+        (x, y, 64, 16, 2**40, 0.5),           # a do_not_specialize int past 32 bits: Triton's i64 variant
+    ]
+    for args in variants:
+        L.launch(fake, (1,), args, {"BLOCK": 32})
+    L.launch(fake, (1,), base, {"BLOCK": 64})  # a constexpr
+    L.launch(fake, (1,), base, {"BLOCK": 32, "num_warps": 8})  # a launch option
+    assert paths(fake) == ["triton"] * 8
+    L.launch(fake, (1,), (x, y, 64, 16, 2**40, 0.5), {"BLOCK": 32})  # never kept: always Triton's path
+    assert paths(fake)[-1] == "triton"
+
+
+def test_do_not_specialize_values_share_one_entry(fake):
+    x, y = torch.zeros(64), torch.zeros(64)
+    for per_batch in (1000, 889, 1024, 17):  # e.g. a varlen batch's LSE stride
+        L.launch(fake, (1,), (x, y, 64, 16, per_batch, 0.5), {"BLOCK": 32})
+    assert paths(fake) == ["triton", "direct", "direct", "direct"]
+    assert fake.log[-1][1][9 + 4] == 17  # the launcher got this call's value
+
+
+def test_unexpected_layouts_are_never_cached(fake):
+    x, y = torch.zeros(64), torch.zeros(64)
+    L.launch(fake, (1,), (x, y, 64, 16, 1000, 0.5), {"BLOCK": 32})
+    L.launch(fake, (1,), (x, y, 64, 16, 1000, torch.tensor(0.5)), {"BLOCK": 32})  # a tensor among the numbers
+    L.launch(fake, (1,), (x, 3, 64, 16, 1000, 0.5), {"BLOCK": 32})  # a number among the tensors
+    L.launch(fake, (1,), (x, y, 64, 16, 1000), {"BLOCK": 32, "scale": 0.5})  # fewer positional arguments
+    assert paths(fake) == ["triton"] * 4
+    other = FakeKernel()
+    L.launch(other, (1,), (x, 7, y, 64), {"BLOCK": 32})  # a kernel not laid out tensors-then-numbers
+    L.launch(other, (1,), (x, 7, y, 64), {"BLOCK": 32})
+    assert paths(other) == ["triton", "triton"]
+
+
+def test_hooks_and_interpreter_take_triton_path(fake, monkeypatch):
+    x, y = torch.zeros(64), torch.zeros(64)
+    args = (x, y, 64, 16, 1000, 0.5)
+    L.launch(fake, (1,), args, {"BLOCK": 32})
+    monkeypatch.setattr(L, "_launch_hooked", lambda: True)
+    L.launch(fake, (1,), args, {"BLOCK": 32})
+    monkeypatch.setattr(L, "_launch_hooked", lambda: False)
+    monkeypatch.setattr(L, "_interpreting", lambda: True)
+    L.launch(fake, (1,), args, {"BLOCK": 32})
+    assert paths(fake) == ["triton"] * 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("varlen", [False, True])
+def test_gpu_direct_launches_match_triton_launches(varlen, monkeypatch):
+    """The same inputs through Triton's path (launch hook set) and the direct path: bit-identical outputs and
+    gradients, causal with dropout, on aligned and misaligned views."""
+    from kernels.flash import flash_attn_func, flash_attn_varlen_func
+
+    def run(q, k, v):
+        torch.manual_seed(0)
+        if varlen:
+            cu = torch.tensor([0, 100, 301], dtype=torch.int32, device="cuda")
+            out = flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 201, 201, causal=True, dropout_p=0.1)
+        else:
+            out = flash_attn_func(q, k, v, causal=True, dropout_p=0.1)
+        return (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(1, 301 * 3 * 4 * 64 + 8, generator=g).to("cuda", torch.bfloat16)
+    for offset in (0, 8, 3):  # 3 elements: 6 bytes, a pointer Triton does not take as 16-byte aligned
+        qkv = base[:, offset:offset + 301 * 3 * 4 * 64].view(1, 301, 3, 4, 64)
+        q, k, v = (t.detach().requires_grad_() for t in qkv.unbind(2))
+        monkeypatch.setattr(L, "_launch_hooked", lambda: True)
+        slow = run(q, k, v)
+        monkeypatch.setattr(L, "_launch_hooked", lambda: False)
+        run(q, k, v)  # keeps the compiled kernels
+        before = L.cached_specialisations()
+        fast = run(q, k, v)
+        assert L.cached_specialisations() == before  # all four launches hit
+        for a, b in zip(slow, fast):
+            assert torch.equal(a, b)
