@@ -435,127 +435,6 @@ def _fwd_ws(Q, K, V, cu_seqlens_q, cu_seqlens_k, b, h, group, nheads, q_start, s
     return acc, m_i, l_i
 
 
-@triton.jit
-def _dkdv_ws(Q, K, V, DO, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, b, hk, group, nheads, q_start, seqlen_q, k_start,
-             seqlen_k, start_n, stride_qm, stride_kn, stride_vn, stride_dom, stride_lb, stride_lh, qk_scale,
-             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-             VARLEN: tl.constexpr):
-    """(dk without the softmax scale, dv) of one key tile over every query tile of its group's heads, as one
-    warp-specialised loop (Hopper), the backward's counterpart of `_fwd_ws` (same views and the same
-    specialiser limits: one loop, no early exit, no `if` in the body, the loop-invariant tiles K and V through
-    descriptors). The group's heads and their query tiles are one flat loop; each tile is masked element-wise
-    (rows past seqlen_q: LSE +inf, so P = 0; causal: the diagonal on every tile)."""
-    nbatch = tl.num_programs(1) // (nheads // group)
-    if VARLEN:
-        q_row = q_start
-        k_row = k_start + start_n
-        rows_q = tl.load(cu_seqlens_q + nbatch)
-        rows_k = tl.load(cu_seqlens_k + nbatch)
-    else:
-        q_row = b * seqlen_q
-        k_row = b * seqlen_k + start_n
-        rows_q = nbatch * seqlen_q
-        rows_k = nbatch * seqlen_k
-    width_q = nheads * HEAD_DIM
-    width_k = (nheads // group) * HEAD_DIM
-    q_desc = tl.make_tensor_descriptor(Q, shape=[rows_q, width_q], strides=[stride_qm, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(DO, shape=[rows_q, width_q], strides=[stride_dom, 1],
-                                        block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K, shape=[rows_k, width_k], strides=[stride_kn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V, shape=[rows_k, width_k], strides=[stride_vn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    k = k_desc.load([k_row, hk * HEAD_DIM])
-    v = v_desc.load([k_row, hk * HEAD_DIM])
-    cols = start_n + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    diag = seqlen_k - seqlen_q
-    if IS_CAUSAL:
-        lo = (tl.maximum(start_n - diag, 0) // BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-    tiles = tl.maximum(tl.cdiv(seqlen_q - lo, BLOCK_M), 0)
-    count = tl.where(start_n < seqlen_k, tiles * group, 0)  # (varlen) a key tile past its sequence: nothing
-    lse_head = LSE + b.to(tl.int64) * stride_lb + q_start
-    delta_head = DELTA + b.to(tl.int64) * stride_lb + q_start
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    for i in tl.range(0, count, warp_specialize=True):
-        g = i // tiles
-        start_m = lo + (i - g * tiles) * BLOCK_M
-        h = hk * group + g
-        rows = start_m + offs_m
-        q = q_desc.load([q_row + start_m, h * HEAD_DIM])
-        do = do_desc.load([q_row + start_m, h * HEAD_DIM])
-        lse = tl.load(lse_head + h * stride_lh + rows, mask=rows < seqlen_q, other=float("inf"))
-        delta = tl.load(delta_head + h * stride_lh + rows, mask=rows < seqlen_q, other=0.0)
-        lse = tl.where(lse == float("-inf"), float("inf"), lse)
-        qkT = tl.dot(k, tl.trans(q))
-        pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
-        if IS_CAUSAL:
-            pT = tl.where(cols[:, None] <= rows[None, :] + diag, pT, 0.0)
-        dpT = tl.dot(v, tl.trans(do))
-        dv = tl.dot(pT.to(do.dtype), do, dv)
-        dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(dsT.to(q.dtype), q, dk)
-    return dk, dv
-
-
-@triton.jit
-def _dq_ws(Q, K, V, DO, cu_seqlens_q, cu_seqlens_k, b, h, group, nheads, q_start, seqlen_q, k_start, seqlen_k, start_m,
-           lse, delta, stride_qm, stride_kn, stride_vn, stride_dom, qk_scale, HEAD_DIM: tl.constexpr,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr):
-    """dQ (without the softmax scale) of one query tile over all its key tiles, as one warp-specialised loop:
-    `_fwd_ws`'s loop with the dQ step (keys past seqlen_k and, causal, above the diagonal get P = 0)."""
-    nbatch = tl.num_programs(1) // nheads
-    if VARLEN:
-        q_row = q_start + start_m
-        k_row = k_start
-        rows_q = tl.load(cu_seqlens_q + nbatch)
-        rows_k = tl.load(cu_seqlens_k + nbatch)
-    else:
-        q_row = b * seqlen_q + start_m
-        k_row = b * seqlen_k
-        rows_q = nbatch * seqlen_q
-        rows_k = nbatch * seqlen_k
-    k_col = (h // group) * HEAD_DIM
-    width_k = (nheads // group) * HEAD_DIM
-    q_desc = tl.make_tensor_descriptor(Q, shape=[rows_q, nheads * HEAD_DIM], strides=[stride_qm, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(DO, shape=[rows_q, nheads * HEAD_DIM], strides=[stride_dom, 1],
-                                        block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K, shape=[rows_k, width_k], strides=[stride_kn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V, shape=[rows_k, width_k], strides=[stride_vn, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    q = q_desc.load([q_row, h * HEAD_DIM])
-    do = do_desc.load([q_row, h * HEAD_DIM])
-    rows = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    diag = seqlen_k - seqlen_q
-    if IS_CAUSAL:
-        hi = tl.minimum(seqlen_k, start_m + BLOCK_M + diag)
-    else:
-        hi = seqlen_k
-    hi = tl.where(start_m < seqlen_q, hi, 0)
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
-        k = k_desc.load([k_row + start_n, k_col])
-        v = v_desc.load([k_row + start_n, k_col])
-        cols = start_n + offs_n
-        qk = tl.dot(q, tl.trans(k))
-        p = tl.math.exp2(qk * qk_scale - lse[:, None])
-        if IS_CAUSAL:
-            p = tl.where(cols[None, :] <= rows[:, None] + diag, p, 0.0)
-        else:
-            p = tl.where(cols[None, :] < seqlen_k, p, 0.0)
-        dp = tl.dot(do, tl.trans(v))
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
-    return dq
-
-
 # ---------------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------------
@@ -661,50 +540,19 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, cu_seqlens_q, cu_seq
                      stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_lb, stride_lh,
                      TUNE_Q, TUNE_K,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                     WARP_SPEC: tl.constexpr = False):
+                     IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
     nheads_k = nheads // group
     b = bhk // nheads_k
     hk = bhk % nheads_k
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN)
-    if WARP_SPEC is not True:  # no early exit before a warp-specialised loop (see _fwd_ws)
-        if start_n >= seqlen_k:
-            return
+    if start_n >= seqlen_k:
+        return
     b64 = b.to(tl.int64)
     cols = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    if WARP_SPEC is True:
-        tl.static_assert(HEAD_DIM == BLOCK_D and not HAS_DROPOUT, "WARP_SPEC needs HEAD_DIM == BLOCK_D and no dropout")
-        dk, dv = _dkdv_ws(Q, K, V, DO, LSE, DELTA, cu_seqlens_q, cu_seqlens_k, b, hk, group, nheads, q_start, seqlen_q,
-                          k_start, seqlen_k, start_n, stride_qm, stride_kn, stride_vn, stride_dom, stride_lb, stride_lh,
-                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, IS_CAUSAL, VARLEN)
-    else:
-        dk, dv = _dkdv_loops(Q, K, V, DO, LSE, DELTA, SEED, b, b64, hk, group, nheads, q_start, seqlen_q, k_start,
-                             seqlen_k, start_n, cols, offs_m, offs_d, stride_qb, stride_qm, stride_qh, stride_kb,
-                             stride_kn, stride_kh, stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                             stride_lb, stride_lh, qk_scale, drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, BLOCK_M,
-                             BLOCK_N, IS_CAUSAL, HAS_DROPOUT)
-    dk = dk * sm_scale
-    row_ok = cols[:, None] < seqlen_k
-    if HEAD_DIM != BLOCK_D:
-        row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
-    dk_ptrs = DK + b64 * stride_dkb + hk * stride_dkh + (k_start + cols[:, None]).to(tl.int64) * stride_dkn + offs_d[None, :]
-    dv_ptrs = DV + b64 * stride_dvb + hk * stride_dvh + (k_start + cols[:, None]).to(tl.int64) * stride_dvn + offs_d[None, :]
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=row_ok)
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=row_ok)
-
-
-@triton.jit
-def _dkdv_loops(Q, K, V, DO, LSE, DELTA, SEED, b, b64, hk, group, nheads, q_start, seqlen_q, k_start, seqlen_k,
-                start_n, cols, offs_m, offs_d, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-                stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh, stride_lb, stride_lh, qk_scale,
-                drop_thresh, drop_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr):
-    """(dk without the softmax scale, dv) of one key tile: the two-stage loops over query tiles (diagonal
-    tiles masked, the rest not), per query head of the group."""
     k = load_tile(K + b64 * stride_kb + hk * stride_kh + k_start.to(tl.int64) * stride_kn, stride_kn, cols, offs_d,
                   seqlen_k, HEAD_DIM, BLOCK_D, True)
     v = load_tile(V + b64 * stride_vb + hk * stride_vh + k_start.to(tl.int64) * stride_vn, stride_vn, cols, offs_d,
@@ -738,7 +586,14 @@ def _dkdv_loops(Q, K, V, DO, LSE, DELTA, SEED, b, b64, hk, group, nheads, q_star
             dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                          start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
                                          drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT)
-    return dk, dv
+    dk = dk * sm_scale
+    row_ok = cols[:, None] < seqlen_k
+    if HEAD_DIM != BLOCK_D:
+        row_ok = row_ok & (offs_d[None, :] < HEAD_DIM)
+    dk_ptrs = DK + b64 * stride_dkb + hk * stride_dkh + (k_start + cols[:, None]).to(tl.int64) * stride_dkn + offs_d[None, :]
+    dv_ptrs = DV + b64 * stride_dvb + hk * stride_dvh + (k_start + cols[:, None]).to(tl.int64) * stride_dvn + offs_d[None, :]
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=row_ok)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=_PER_BATCH_INTS)
@@ -750,44 +605,37 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k
                    TUNE_Q, TUNE_K,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                   REVERSE: tl.constexpr = False, WARP_SPEC: tl.constexpr = False):
+                   REVERSE: tl.constexpr = False):
     start_m, bh, b, h, q_start, seqlen_q, k_start, seqlen_k = _query_program(
         cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, BLOCK_M, VARLEN, REVERSE)
-    if WARP_SPEC is not True:  # no early exit before a warp-specialised loop (see _fwd_ws)
-        if start_m >= seqlen_q:
-            return
+    if start_m >= seqlen_q:
+        return
     b64 = b.to(tl.int64)
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q + b64 * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qm, stride_qm, rows, offs_d,
+                  seqlen_q, HEAD_DIM, BLOCK_D, True)
+    do = load_tile(DO + b64 * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dom, stride_dom, rows,
+                   offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
     lse, delta = load_row_stats(LSE + b64 * stride_lb + h * stride_lh + q_start,
                                 DELTA + b64 * stride_lb + h * stride_lh + q_start, rows, seqlen_q)
-    if WARP_SPEC is True:
-        tl.static_assert(HEAD_DIM == BLOCK_D and not HAS_DROPOUT, "WARP_SPEC needs HEAD_DIM == BLOCK_D and no dropout")
-        dq = _dq_ws(Q, K, V, DO, cu_seqlens_q, cu_seqlens_k, b, h, group, nheads, q_start, seqlen_q, k_start, seqlen_k,
-                    start_m, lse, delta, stride_qm, stride_kn, stride_vn, stride_dom, qk_scale, HEAD_DIM, BLOCK_M,
-                    BLOCK_N, IS_CAUSAL, VARLEN)
-    else:
-        q = load_tile(Q + b64 * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qm, stride_qm, rows, offs_d,
-                      seqlen_q, HEAD_DIM, BLOCK_D, True)
-        do = load_tile(DO + b64 * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dom, stride_dom, rows,
-                       offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
-        k_base = K + b64 * stride_kb + (h // group) * stride_kh + k_start.to(tl.int64) * stride_kn
-        v_base = V + b64 * stride_vb + (h // group) * stride_vh + k_start.to(tl.int64) * stride_vn
-        seed = 0
-        if HAS_DROPOUT:
-            seed = tl.load(SEED)
-        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        diag = seqlen_k - seqlen_q
-        mid, hi = _key_stages(start_m, seqlen_k, diag, IS_CAUSAL, BLOCK_M, BLOCK_N)
-        for start_n in range(0, mid, BLOCK_N):
-            dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
-                                   offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
-                                   HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
-        for start_n in range(mid, hi, BLOCK_N):
-            dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
-                                   offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
-                                   HEAD_DIM, BLOCK_D, IS_CAUSAL, True, HAS_DROPOUT)
+    k_base = K + b64 * stride_kb + (h // group) * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + b64 * stride_vb + (h // group) * stride_vh + k_start.to(tl.int64) * stride_vn
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    diag = seqlen_k - seqlen_q
+    mid, hi = _key_stages(start_m, seqlen_k, diag, IS_CAUSAL, BLOCK_M, BLOCK_N)
+    for start_n in range(0, mid, BLOCK_N):
+        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
+                               offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                               HEAD_DIM, BLOCK_D, False, False, HAS_DROPOUT)
+    for start_n in range(mid, hi, BLOCK_N):
+        dq = bwd_dq_block_step(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, start_n, rows, offs_n,
+                               offs_d, seqlen_k, diag, qk_scale, seed, bh, drop_thresh, drop_scale,
+                               HEAD_DIM, BLOCK_D, IS_CAUSAL, True, HAS_DROPOUT)
     dq = dq * sm_scale
     dq_ptrs = DQ + b64 * stride_dqb + h * stride_dqh + (q_start + rows[:, None]).to(tl.int64) * stride_dqm + offs_d[None, :]
     row_ok = rows[:, None] < seqlen_q
@@ -855,13 +703,6 @@ _fwd_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES))
 # A second tuner for launches that may warp-specialise: its own cache, so that a choice made for inputs
 # the WS loop can read never reaches inputs it cannot (the tuning key does not see strides or the GPU).
 _fwd_ws_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES) + _configs(_FWD_WS_SHAPES, WARP_SPEC=True))
-# The warp-specialised backward (`_dkdv_ws`, `_dq_ws`; head dim 128, sm_90, 4 warps, 2 stages): the configs that
-# compile for sm_90 without spills (dK/dV with 64-row query tiles spills 40-150 bytes; 128-row tiles do not
-# compile), beside the plain ones in tuners of their own, as for the forward.
-_DKDV_WS_SHAPES = [(32, 128, 4, 2), (32, 64, 4, 2)]
-_DQ_WS_SHAPES = [(64, 64, 4, 2), (64, 128, 4, 2)]
-_dkdv_ws_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES) + _configs(_DKDV_WS_SHAPES, WARP_SPEC=True))
-_dq_ws_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES) + _configs(_DQ_WS_SHAPES, WARP_SPEC=True))
 _dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES))
 _dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 
@@ -876,8 +717,7 @@ _dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 # causal only, where the A/B measured 1.18x / 1.20x the autotuned forward at 4K / 1K tokens. Causal keeps
 # "fwd": its WS loop masks every tile element-wise (see _fwd_ws), which no measurement has priced yet.
 _DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 4), "dq": (64, 32, 4, 4)}
-_DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3), "fwd_ws": _FWD_WS_SHAPES[0],
-                "dkdv_ws": _DKDV_WS_SHAPES[0], "dq_ws": _DQ_WS_SHAPES[0]}
+_DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3), "fwd_ws": _FWD_WS_SHAPES[0]}
 _DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}  # head dim 256
 
 
@@ -894,7 +734,7 @@ _TUNED_CONFIGS: dict = {}
 
 
 # Constexprs a kind adds to its fixed (and interpreter) config; tuned configs carry their own.
-_KIND_CONSTS = {"fwd_ws": {"WARP_SPEC": True}, "dkdv_ws": {"WARP_SPEC": True}, "dq_ws": {"WARP_SPEC": True}}
+_KIND_CONSTS = {"fwd_ws": {"WARP_SPEC": True}}
 
 
 def _autotuning() -> bool:
@@ -1169,32 +1009,6 @@ def _fwd_kind(q, k, v, causal: bool, dropout_p: float, varlen: bool, warp_spec: 
     return ("fwd", _fwd_tuned) if causal else ("fwd_ws", None)
 
 
-def _bwd_kinds(q, k, v, do, dropout_p: float, varlen: bool, warp_spec: bool | None):
-    """((dK/dV kind, tuner), (dQ kind, tuner)) of one backward: the two-stage loops ("dkdv", "dq") or the
-    warp-specialised ones ("dkdv_ws", "dq_ws"), on the conditions of `_fwd_kind` plus a TMA-readable dO.
-    warp_spec None: when autotuning, the WS configs are timed beside the plain ones; with FLASH_AUTOTUNE=0 the
-    plain fixed configs (the WS backward is not yet measured to win at a fixed config). False: never. True:
-    always, in the fixed WS configs (ValueError where they cannot run)."""
-    plain = (("dkdv", _dkdv_tuned), ("dq", _dq_tuned))
-    if warp_spec is False:
-        return plain
-    reason = _ws_unsupported(q, k, v, dropout_p, varlen)
-    if reason is None:
-        problem = _ws_layout_problem(do, varlen)
-        reason = f"do: {problem}" if problem else None
-    if reason is None and not (warp_spec and _interpreting()):
-        reason = _ws_platform_unsupported(q)
-    if reason is not None:
-        if warp_spec:
-            raise ValueError(f"warp_spec=True, but the warp-specialised backward cannot run here: {reason}")
-        return plain
-    if warp_spec:
-        return ("dkdv_ws", None), ("dq_ws", None)
-    if _autotuning():
-        return ("dkdv_ws", _dkdv_ws_tuned), ("dq_ws", _dq_ws_tuned)
-    return plain
-
-
 def _tma_scratch(size: int, alignment: int, stream):
     """Global memory for the TMA descriptors `_fwd_ws` writes on the device (3 x 128 bytes per program), from
     torch's caching allocator on the current device and stream, which are the ones Triton launches on: no
@@ -1242,11 +1056,10 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
 
 
 def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k,
-               delta=None, grad_dtype=None, out=None, warp_spec=None):
+               delta=None, grad_dtype=None, out=None):
     # delta: rowsum(dO * O) computed by the caller (then o is unused; it must share lse's strides);
     # grad_dtype: the kernels store dQ/dK/dV in the dtype of their buffers. Both for kernels/ring.py.
     # out: (dq, dk, dv) buffers to write into (views of one packed dqkv), else fresh ones.
-    # warp_spec: see `_bwd_kinds` (None: automatic).
     nheads, headdim = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
@@ -1272,13 +1085,10 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
                   HAS_DROPOUT=dropout_p > 0)
     tune = (_bucket(max_q), _bucket(max_k))
     dq_consts = dict(consts, REVERSE=causal)
-    (dkdv_kind, dkdv_tuned), (dq_kind, dq_tuned) = _bwd_kinds(q, k, v, do, dropout_p, varlen, warp_spec)
-    if dkdv_kind == "dkdv_ws" and not _interpreting():
-        _ensure_tma_allocator()
-    _launch(dkdv_kind, _bwd_dkdv_kernel, dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
+    _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
             (q, k, v, do, dk, dv, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
              *tune), consts, (q.dtype, do.dtype, dk.dtype))
-    _launch(dq_kind, _bwd_dq_kernel, dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
+    _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
             (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune), dq_consts,
             (q.dtype, do.dtype, dq.dtype))
     return dq, dk, dv
