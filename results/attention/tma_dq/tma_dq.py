@@ -1,0 +1,119 @@
+"""Device A/B (kept in results/attention/tma_dq/ as run): a one-kernel backward whose dQ shares go to a float32
+buffer through TMA reduce-add (tensor descriptor atomic_add, Triton 3.6), 5 matmuls per tile pair, against the
+shipped two-kernel backward (7 matmuls). Dense, no dropout, no GQA, head dim 128, bf16, seqlen a multiple of 128.
+`python tma_dq.py compile` only compiles for sm_90 (CPU) and prints registers / spills."""
+import os, re, subprocess, sys, tempfile
+sys.path.insert(0, ".")
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _bwd_tma_dq(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, seqlen, nheads, sm_scale, qk_scale, stride_b, stride_m,
+                stride_h, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                IS_CAUSAL: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    nbatch = tl.num_programs(1) // nheads
+    dqa = tl.make_tensor_descriptor(DQA, shape=[nbatch * seqlen, nheads * HEAD_DIM], strides=[nheads * HEAD_DIM, 1],
+                                    block_shape=[BLOCK_M, HEAD_DIM])
+    base = b.to(tl.int64) * stride_b + h * stride_h
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k = tl.load(K + base + cols[:, None].to(tl.int64) * stride_m + offs_d[None, :])
+    v = tl.load(V + base + cols[:, None].to(tl.int64) * stride_m + offs_d[None, :])
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    lse_base = LSE + bh.to(tl.int64) * seqlen
+    delta_base = DELTA + bh.to(tl.int64) * seqlen
+    lo = start_n if IS_CAUSAL else 0
+    for start_m in range(lo, seqlen, BLOCK_M):
+        rows = start_m + offs_m
+        q = tl.load(Q + base + rows[:, None].to(tl.int64) * stride_m + offs_d[None, :])
+        do = tl.load(DO + base + rows[:, None].to(tl.int64) * stride_m + offs_d[None, :])
+        lse = tl.load(lse_base + rows)
+        delta = tl.load(delta_base + rows)
+        qkT = tl.dot(k, tl.trans(q))
+        pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
+        if IS_CAUSAL:
+            pT = tl.where(cols[:, None] <= rows[None, :], pT, 0.0)
+        dpT = tl.dot(v, tl.trans(do))
+        dv = tl.dot(pT.to(do.dtype), do, dv)
+        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        dk = tl.dot(dsT, q, dk)
+        dq = tl.dot(tl.trans(dsT), k)
+        dqa.atomic_add([b * seqlen + start_m, h * HEAD_DIM], dq)
+    tl.store(DK + base + cols[:, None].to(tl.int64) * stride_m + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty))
+    tl.store(DV + base + cols[:, None].to(tl.int64) * stride_m + offs_d[None, :], dv.to(DV.dtype.element_ty))
+
+
+CONFIGS = [(32, 128, 8, 2), (64, 64, 8, 2), (64, 128, 8, 2), (64, 128, 8, 3)]
+
+
+def compile_only():
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    names = _bwd_tma_dq.arg_names
+    for causal in (False, True):
+        for m, n, w, s in CONFIGS:
+            consts = dict(HEAD_DIM=128, BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=causal)
+            sig = {a: ("constexpr" if a in consts else "*fp32" if a in ("DQA", "LSE", "DELTA") else "*bf16"
+                       if a.isupper() else "fp32" if "scale" in a else "i32") for a in names}
+            attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if sig[a].startswith("*") or a.startswith(("stride", "seqlen"))}
+            src = ASTSource(fn=_bwd_tma_dq, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+            try:
+                c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": s})
+                tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(c.asm["cubin"]); f.flush()
+                    out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+                r = re.search(r"REG:(\d+) STACK:(\d+)", out)
+                print(f"causal={causal} {(m, n, w, s)}: regs {r.group(1)} stack {r.group(2)} smem {c.metadata.shared} "
+                      f"tma-reduce {'cp.reduce.async.bulk.tensor' in c.asm['ptx']}", flush=True)
+            except Exception as e:
+                print(f"causal={causal} {(m, n, w, s)}: FAILED {type(e).__name__} {str(e).splitlines()[-1][:150] if str(e) else ''}")
+
+
+def main():
+    from triton.testing import do_bench
+    import kernels.flash as F
+    F._ensure_tma_allocator()
+    print(f"{'shape':24s} {'variant':22s} {'ms':>8s} {'max|d| vs ours (dq,dk,dv)':>30s}", flush=True)
+    for b, n, h, causal in [(4, 4096, 16, False), (4, 4096, 16, True), (16, 1024, 16, False), (16, 1024, 16, True),
+                            (1, 16384, 16, False)]:
+        d = 128
+        tag = f"{b}x{n} h{h} {'causal' if causal else 'full'}"
+        q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        scale = d ** -0.5
+        o, lse, seed = F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, n, n)
+        ref = F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False, None, None, n, n)
+        t_ref = do_bench(lambda: F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False, None, None, n, n),
+                         warmup=25, rep=100, return_mode="median")
+        print(f"{tag:24s} {'ours two-kernel':22s} {t_ref:8.3f}", flush=True)
+        delta = F.bwd_preprocess(o, do)
+        def fused(cfg):
+            m, nn, w, s = cfg
+            delta = F.bwd_preprocess(o, do)
+            dqa = torch.zeros(b, n, h, d, device="cuda", dtype=torch.float32)
+            dk, dv = torch.empty_like(k), torch.empty_like(v)
+            _bwd_tma_dq[(n // nn, b * h)](q, k, v, do, dk, dv, dqa, lse, delta, n, h, scale, scale * F.LOG2E,
+                                          q.stride(0), q.stride(1), q.stride(2), HEAD_DIM=d, BLOCK_M=m, BLOCK_N=nn,
+                                          IS_CAUSAL=causal, num_warps=w, num_stages=s)
+            return (dqa * scale).to(torch.bfloat16), dk, dv
+        for cfg in CONFIGS:
+            try:
+                out = fused(cfg)
+                err = tuple(round((a.float() - r.float()).abs().max().item(), 4) for a, r in zip(out, ref))
+                t = do_bench(lambda: fused(cfg), warmup=25, rep=100, return_mode="median")
+            except Exception as e:
+                print(f"{tag:24s} {str(cfg):22s} failed {type(e).__name__}: {str(e)[:150]}", flush=True)
+                continue
+            print(f"{tag:24s} {str(cfg):22s} {t:8.3f} {str(err):>30s}  ({t_ref / t:.2f}x ours)", flush=True)
+
+
+if __name__ == "__main__":
+    compile_only() if sys.argv[1:] == ["compile"] else main()
