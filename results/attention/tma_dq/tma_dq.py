@@ -51,7 +51,12 @@ def _bwd_tma_dq(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, seqlen, nheads, sm_scale, 
     tl.store(DV + base + cols[:, None].to(tl.int64) * stride_m + offs_d[None, :], dv.to(DV.dtype.element_ty))
 
 
-CONFIGS = [(32, 128, 8, 2), (64, 64, 8, 2), (64, 128, 8, 2), (64, 128, 8, 3)]
+HD = int(os.environ.get("HD", "128"))
+CONFIGS = ([(32, 128, 8, 2), (64, 64, 8, 2), (64, 128, 8, 2), (64, 128, 8, 3)] if HD == 128 else
+           [(64, 128, 8, 2), (64, 128, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (32, 128, 4, 3), (64, 64, 8, 3)])
+SHAPES = ([(4, 4096, 16, False), (4, 4096, 16, True), (16, 1024, 16, False), (16, 1024, 16, True), (1, 16384, 16, False)]
+          if HD == 128 else
+          [(16, 1024, 12, True), (16, 1024, 12, False), (8, 512, 16, False), (4, 4096, 32, False), (4, 4096, 32, True)])
 
 
 def compile_only():
@@ -60,7 +65,7 @@ def compile_only():
     names = _bwd_tma_dq.arg_names
     for causal in (False, True):
         for m, n, w, s in CONFIGS:
-            consts = dict(HEAD_DIM=128, BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=causal)
+            consts = dict(HEAD_DIM=HD, BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=causal)
             sig = {a: ("constexpr" if a in consts else "*fp32" if a in ("DQA", "LSE", "DELTA") else "*bf16"
                        if a.isupper() else "fp32" if "scale" in a else "i32") for a in names}
             attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if sig[a].startswith("*") or a.startswith(("stride", "seqlen"))}
@@ -83,9 +88,8 @@ def main():
     import kernels.flash as F
     F._ensure_tma_allocator()
     print(f"{'shape':24s} {'variant':22s} {'ms':>8s} {'max|d| vs ours (dq,dk,dv)':>30s}", flush=True)
-    for b, n, h, causal in [(4, 4096, 16, False), (4, 4096, 16, True), (16, 1024, 16, False), (16, 1024, 16, True),
-                            (1, 16384, 16, False)]:
-        d = 128
+    for b, n, h, causal in SHAPES:
+        d = HD
         tag = f"{b}x{n} h{h} {'causal' if causal else 'full'}"
         q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         scale = d ** -0.5
