@@ -34,7 +34,8 @@ Launch configs: autotuned on the GPU over a small list per kernel, keyed on (pow
 head dim, causal, varlen, dropout), each result persisted in Triton's cache directory for later processes
 (not yet timed: the first-call latency with a warm cache is unmeasured); FLASH_AUTOTUNE=0 uses one fixed
 config (GPU tests; at head dim 128 on sm_90 the warp-specialised one for non-causal attention); under
-TRITON_INTERPRET=1 one 16x16 config. Causal grids run the heaviest query blocks first.
+TRITON_INTERPRET=1 one 16x16 config. Causal grids run the heaviest query blocks first. Every launch goes through
+kernels/launch.py, which calls a compiled specialisation's launcher directly after its first launch.
 
 Known limits: head dim 256 runs (tested with the fixed config) but is not tuned; varlen input checks
 read cu_seqlens on the host (one device sync per call); no attention bias / alibi / sliding window; the
