@@ -35,6 +35,9 @@ _COMPILED: dict = {}
 _LAYOUT: dict = {}
 _NUMBERS = (int, float, bool)
 _INT32 = (-2**31, 2**31 - 1)
+# Entries per (kernel, device) before the cache starts over: every new value of a keyed argument (a new shape's
+# strides, a varlen batch's rounded longest sequence) adds one, and a long run must not grow without bound.
+_MAX_ENTRIES = 4096
 
 
 def _interpreting() -> bool:
@@ -129,7 +132,11 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
         compiled = kernel[grid](*args, **constexprs)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
-        if small and all(type(a) in _NUMBERS for a in rest):  # never keep a tensor (or its memory) in a key
+        # Never keep a tensor (or its memory) in a key, nor a NaN (it equals nothing, so its entry would never
+        # be found again).
+        if small and all(type(a) in _NUMBERS and a == a for a in rest):
+            if len(cache) >= _MAX_ENTRIES:
+                cache.clear()
             compiled._init_handles()
             cache[key] = (compiled, _tail(kernel, len(args), constexprs))
         return

@@ -108,6 +108,19 @@ def test_unexpected_layouts_are_never_cached(fake):
     assert paths(other) == ["triton", "triton"]
 
 
+def test_nan_is_never_kept_and_the_cache_is_bounded(fake, monkeypatch):
+    x, y = torch.zeros(64), torch.zeros(64)
+    for _ in range(2):
+        L.launch(fake, (1,), (x, y, 64, 16, 1000, float("nan")), {"BLOCK": 32})
+    assert paths(fake) == ["triton", "triton"]
+    monkeypatch.setattr(L, "_MAX_ENTRIES", 3)
+    for n in range(5):  # five shapes: the cache starts over instead of growing past 3
+        L.launch(fake, (1,), (x, y, 64 + n, 16, 1000, 0.5), {"BLOCK": 32})
+    assert len(L._COMPILED[(fake, 0)]) <= 3
+    L.launch(fake, (1,), (x, y, 68, 16, 1000, 0.5), {"BLOCK": 32})  # the last one is still there
+    assert paths(fake)[-1] == "direct"
+
+
 def test_hooks_and_interpreter_take_triton_path(fake, monkeypatch):
     x, y = torch.zeros(64), torch.zeros(64)
     args = (x, y, 64, 16, 1000, 0.5)
