@@ -6,6 +6,7 @@ cuobjdump shipped in Triton's wheel. STACK > 0 means local-memory spills: the co
 traffic in its inner loop. Advisory only: the autotuner times configs on the GPU and is the judge.
 
     python scripts/kernel_resources.py --head-dim 128 --causal
+    python scripts/kernel_resources.py --head-dim 64 --causal --sass-dropout   # the SASS opcodes dropout adds
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections import Counter
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -30,7 +32,9 @@ _FLOATS = {"qk_scale", "sm_scale", "drop_scale"}
 _DIVISIBLE = ("stride_", "seqlen_", "TUNE_")
 
 
-def resources(jitfn, consts: dict, warps: int, stages: int) -> dict:
+def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False) -> dict:
+    """{"regs", "stack"} of one launch config; with sass, also "ops": the cubin's SASS opcode counts (static:
+    every instruction of the kernel once, whether in a loop or not)."""
     names = jitfn.arg_names
     sig = {}
     for a in names:
@@ -51,8 +55,28 @@ def resources(jitfn, consts: dict, warps: int, stages: int) -> dict:
         f.write(compiled.asm["cubin"])
         f.flush()
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        listing = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout if sass else ""
     m = re.search(r"REG:(\d+) STACK:(\d+)", out)
-    return dict(regs=int(m.group(1)), stack=int(m.group(2)))
+    ops = Counter(m_.group(1) for m_ in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", listing,
+                                                   re.MULTILINE))
+    return dict(regs=int(m.group(1)), stack=int(m.group(2)), **({"ops": ops} if sass else {}))
+
+
+def dropout_sass(kind: str, jitfn, cfg, head_dim: int, causal: bool) -> list[str]:
+    """Markdown rows: where the instructions that dropout adds to one kernel config go (SASS opcodes, static)."""
+    m, n, w, s = cfg
+    ops = {}
+    for drop in (False, True):
+        consts = dict(HEAD_DIM=head_dim, BLOCK_D=F._block_d(head_dim), BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=causal,
+                      VARLEN=False, HAS_DROPOUT=drop)
+        if "REVERSE" in jitfn.arg_names:
+            consts["REVERSE"] = causal
+        ops[drop] = resources(jitfn, consts, w, s, sass=True)["ops"]
+    added = sorted(set(ops[True]) | set(ops[False]), key=lambda k: ops[False][k] - ops[True][k])
+    rows = [f"| {kind} {cfg} | total | {sum(ops[False].values())} | {sum(ops[True].values())} | "
+            f"+{sum(ops[True].values()) - sum(ops[False].values())} |"]
+    rows += [f"| | {k} | {ops[False][k]} | {ops[True][k]} | +{ops[True][k] - ops[False][k]} |" for k in added[:10]]
+    return rows
 
 
 def main():
@@ -61,12 +85,21 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dropout", action="store_true")
     ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq"])
+    ap.add_argument("--sass-dropout", action="store_true",
+                    help="instead: the SASS opcodes dropout adds to each kernel's FLASH_AUTOTUNE=0 config (static counts)")
     args = ap.parse_args()
     kernels = {"fwd": (F._fwd_kernel, F._FWD_SHAPES), "dkdv": (F._bwd_dkdv_kernel, F._DKDV_SHAPES),
                "dq": (F._bwd_dq_kernel, F._DQ_SHAPES)}
     d = args.head_dim
     fallback = F.fallback_configs(F._block_d(d))
     meta = run_metadata(device=False)
+    if args.sass_dropout:
+        print(f"sm_90, head dim {d}, causal={args.causal}, triton {triton.__version__}, {meta['date']}, `{meta['command']}`")
+        print("| kernel (BLOCK_M, BLOCK_N, warps, stages) | SASS opcode | no dropout | dropout | added |")
+        print("|---|---|---:|---:|---:|")
+        for kind in args.kernels:
+            print("\n".join(dropout_sass(kind, kernels[kind][0], fallback[kind], d, args.causal)), flush=True)
+        return
     print(f"sm_90, head dim {d}, causal={args.causal}, dropout={args.dropout}, triton {triton.__version__}, "
           f"{meta['date']}, `{meta['command']}`")
     print("| kernel | (BLOCK_M, BLOCK_N, warps, stages) | registers | spill stack (bytes) | note |")

@@ -17,7 +17,8 @@ def test_resources_of_one_config():
     code = (
         "import json, sys; sys.path.insert(0, 'scripts'); import kernel_resources as R, kernels.flash as F; "
         "c = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=32, IS_CAUSAL=True, VARLEN=False, "
-        "HAS_DROPOUT=False, REVERSE=False); print(json.dumps(R.resources(F._fwd_kernel, c, 4, 2)))"
+        "HAS_DROPOUT=False, REVERSE=False); r = R.resources(F._fwd_kernel, c, 4, 2, sass=True); "
+        "print(json.dumps({**r, 'ops': dict(r['ops'])}))"
     )
     # Compiling needs real @triton.jit functions, not the interpreter's stand-ins.
     env = dict(os.environ, TRITON_INTERPRET="0")
@@ -26,3 +27,4 @@ def test_resources_of_one_config():
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert 16 <= r["regs"] <= 255 and r["stack"] >= 0
+    assert r["ops"].get("EXIT", 0) >= 1 and r["ops"].get("HGMMA", 0) + r["ops"].get("HMMA", 0) > 0  # the dots
