@@ -58,15 +58,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import launch
+from kernels.launch import _interpreting, launch
 from kernels.sparsity import cdiv
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # ---------------------------------------------------------------------------------------------------

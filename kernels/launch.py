@@ -27,6 +27,8 @@ import os
 from operator import itemgetter
 
 import torch
+from triton import knobs
+from triton.runtime import driver
 
 # (kernel, device) -> {key: (compiled kernel, values of the parameters after args, in signature order)}
 _COMPILED: dict = {}
@@ -41,24 +43,19 @@ _MAX_ENTRIES = 4096
 
 
 def _interpreting() -> bool:
+    """Whether Triton runs kernels under its interpreter (TRITON_INTERPRET=1); kernels/flash.py asks here too."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _launch_hooked() -> bool:
-    from triton import knobs
-
     return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
 
 
 def _current_device() -> int:
-    from triton.runtime import driver
-
     return driver.active.get_current_device()
 
 
 def _current_stream(device: int):
-    from triton.runtime import driver
-
     return driver.active.get_current_stream(device)
 
 
