@@ -14,9 +14,10 @@ Algorithm
   are fully masked are skipped; only the tiles on the diagonal and at the sequence end pay for masking
   (two loop stages per kernel). A query row that sees no key gets O = 0, LSE = -inf, zero gradient.
 - Dropout is fused: a counter-based Philox4x32-10 stream keyed on a seed drawn from torch's generator on
-  the inputs' device, counter = (key index // 8, query index, batch * nheads + head, 0); its four 32-bit
-  outputs give eight 16-bit values for eight consecutive keys (one Philox call per 8 scores, p quantised
-  to 1/65536; see `dropout_keep`). Backward
+  the inputs' device; one Philox call's four 32-bit outputs give eight 16-bit values (p quantised to
+  1/65536) for a 2 x 4 set of scores: queries r, r + 8 and keys c, c + 1, c + 8, c + 9 (r % 16 < 8,
+  c % 16 < 8, c even), the set one thread holds in the tensor-core accumulator layout, so the mask is
+  drawn where the scores already are (see `dropout_keep`). Backward
   regenerates the same mask; no mask is stored. `dropout_keep_mask` returns the kernel's mask for tests.
 - Varlen (packed sequences, cu_seqlens) runs through the same kernels with the VARLEN constexpr.
 - Warp specialisation (Hopper): with the WARP_SPEC constexpr the forward runs one key loop over TMA
@@ -79,21 +80,24 @@ def dropout_keep(seed, bh, rows, cols, drop_thresh):
     rows, cols: int32 index tensors that broadcast against each other (rows[:, None], cols[None, :]
     gives an (M, N) mask; rows[None, :], cols[:, None] its transpose); drop_thresh: int in [0, 2^16),
     round(dropout_p * 2^16). The stream: (x0, x1, x2, x3) = Philox4x32-10(key = seed; counter =
-    (cols // 8, rows, bh, 0)); element (row, col) takes the 16-bit half (col // 4) % 2 (0: low bits,
-    1: high bits) of x_(col % 4) and is kept iff that value is >= drop_thresh, so P(keep) = 1 - p with
-    p quantised to 1/65536. Positions are absolute within a sequence, so any tiling, the varlen path and
-    the block-sparse kernel draw the same mask. This element-wise form is the reference
-    (dropout_keep_mask); the kernels use `dropout_keep_tile`, which draws the same bits with one Philox
-    call per eight keys instead of one per key.
+    (4 (col // 16) + (col % 8) // 2, 8 (row // 16) + row % 8, bh, 0)); element (row, col) takes the
+    16-bit half col % 2 (0: low bits, 1: high bits) of x_(2 ((row // 8) % 2) + (col // 8) % 2) and is
+    kept iff that value is >= drop_thresh, so P(keep) = 1 - p with p quantised to 1/65536. One call
+    covers queries r, r + 8 x keys c, c + 1, c + 8, c + 9: in the tensor cores' accumulator layout
+    (m16n8 fragments: each thread holds rows t / 4 and t / 4 + 8, columns 2 (t % 4) and + 1 of every
+    8-column group) those eight scores sit in one thread's registers, so `dropout_keep_tile` draws the
+    mask without moving it between threads (an earlier stream, eight consecutive keys per call, spent
+    about a third of dropout's instructions on that move: results/attention/kernel_resources/).
+    Positions are absolute within a sequence, so any tiling, the varlen path and the block-sparse kernel
+    draw the same mask. This element-wise form is the reference (dropout_keep_mask).
     """
-    c0 = (cols >> 3) + rows * 0
-    c1 = rows + cols * 0
+    c0 = ((cols >> 4) << 2) + ((cols >> 1) & 3) + rows * 0
+    c1 = ((rows >> 4) << 3) + (rows & 7) + cols * 0
     c2 = c0 * 0 + bh
     x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
-    lane = (cols & 3) + rows * 0
+    lane = ((rows >> 3) & 1) * 2 + ((cols >> 3) & 1)
     r = tl.where(lane == 0, x0, tl.where(lane == 1, x1, tl.where(lane == 2, x2, x3)))
-    shift = ((cols >> 2) & 1) + rows * 0  # 0: low half, 1: high half
-    r16 = tl.where(shift == 0, r & 0xFFFF, r >> 16).to(tl.int32)
+    r16 = tl.where((cols & 1) == 0, r & 0xFFFF, r >> 16).to(tl.int32)
     return r16 >= drop_thresh
 
 
@@ -101,33 +105,35 @@ def dropout_keep(seed, bh, rows, cols, drop_thresh):
 def dropout_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
     """The (len(rows), BLOCK_N) tile of the `dropout_keep` mask for keys start_col .. start_col + BLOCK_N.
 
-    SHARED with kernels/blocksparse.py (through the block steps). rows: 1-D absolute query indices;
-    start_col: a multiple of 8 (every tile start is: tiles are >= 16 wide and aligned); BLOCK_N a
-    multiple of 8. One Philox call per (row, group of 8 keys): its four 32-bit outputs give eight 16-bit
-    values, interleaved back into key order, so the result equals
-    dropout_keep(seed, bh, rows[:, None], cols[None, :]). Half the Philox work of drawing 24-bit values
-    four keys per call, for p quantised to 1/65536 instead of 1/2^24.
+    SHARED with kernels/blocksparse.py (through the block steps). rows: consecutive absolute query indices
+    starting at a multiple of 16, len(rows) a multiple of 16; start_col a multiple of 16 and BLOCK_N a
+    multiple of 16 (every tile is: tiles are >= 16 wide and aligned). One Philox call per (query pair
+    r, r + 8; key group c, c + 1, c + 8, c + 9); the joins, reshape and permute below only rename which
+    register holds which score, so the result is in the scores' own layout, equal to
+    dropout_keep(seed, bh, rows[:, None], cols[None, :]).
     """
-    g = start_col // 8 + tl.arange(0, BLOCK_N // 8)
-    c0 = g[None, :] + rows[:, None] * 0
-    c1 = rows[:, None] + g[None, :] * 0
-    c2 = c0 * 0 + bh
-    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
-    # Keys 8j .. 8j+7 take x0 lo, x1 lo, x2 lo, x3 lo, x0 hi, x1 hi, x2 hi, x3 hi. Compared as 16-bit
-    # values first, then interleaved as int8 (a quarter of the bytes to shuffle): for eight lanes v0..v7,
-    # interleave(I(v0, v2, v4, v6), I(v1, v3, v5, v7)) with I(a, b, c, d) = interleave(interleave(a, c),
-    # interleave(b, d)) puts them back in order.
-    k0, k1 = _keep_halves(x0, drop_thresh), _keep_halves(x1, drop_thresh)
-    k2, k3 = _keep_halves(x2, drop_thresh), _keep_halves(x3, drop_thresh)
-    return tl.interleave(tl.interleave(k0, k2), tl.interleave(k1, k3)) != 0
+    BLOCK_M: tl.constexpr = rows.shape[0]
+    tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0, "dropout tiles are multiples of 16")
+    pair = tl.min(rows, 0) // 2 + tl.arange(0, BLOCK_M // 2)  # 8 (row // 16) + row % 8 of the tile's rows
+    group = start_col // 4 + tl.arange(0, BLOCK_N // 4)       # 4 (col // 16) + (col % 8) // 2
+    c0 = group[None, :] + pair[:, None] * 0
+    c1 = pair[:, None] + group[None, :] * 0
+    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c0 * 0 + bh, c0 * 0)
+    # Lane x_(2 rb + j), half b: join to (pair, group, b, rb, j), split pair = (row block a, i) and group =
+    # (col block h, q), then order as row = 16 a + 8 rb + i, col = 16 h + 8 j + 2 q + b.
+    k = tl.join(tl.join(_keep_halves(x0, drop_thresh), _keep_halves(x2, drop_thresh)),
+                tl.join(_keep_halves(x1, drop_thresh), _keep_halves(x3, drop_thresh)))
+    k = tl.reshape(k, (BLOCK_M // 16, 8, BLOCK_N // 16, 4, 2, 2, 2))  # (a, i, h, q, b, rb, j)
+    k = tl.permute(k, (0, 5, 1, 2, 6, 3, 4))                          # (a, rb, i, h, j, q, b)
+    return tl.reshape(k, (BLOCK_M, BLOCK_N)) != 0
 
 
 @triton.jit
 def _keep_halves(x, drop_thresh):
-    """int8 keep flags of a Philox output's low and high 16-bit halves, interleaved (lo, hi, lo, hi, ...)."""
+    """int8 keep flags of a Philox output's low and high 16-bit halves, joined on a new last axis."""
     lo = ((x & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8)
     hi = ((x >> 16).to(tl.int32) >= drop_thresh).to(tl.int8)
-    return tl.interleave(lo, hi)
+    return tl.join(lo, hi)
 
 
 @triton.jit
@@ -262,8 +268,8 @@ def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, str
         pT = tl.where(cols[:, None] <= rows[None, :] + diag_offset, pT, 0.0)
     dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
     if HAS_DROPOUT:
-        # Draw in the (query, key) orientation (eight keys per Philox call), then transpose (as int8:
-        # a layout shuffle through shared memory, cheaper than three more Philox calls per element).
+        # Draw in the (query, key) orientation, then transpose (as int8: a layout shuffle through shared
+        # memory, cheaper than drawing in this orientation, where one call's eight scores span threads).
         keep = dropout_keep_tile(seed, bh, rows, tl.min(cols, 0), drop_thresh, cols.shape[0])
         keepT = tl.trans(keep.to(tl.int8)) != 0
         pdT = tl.where(keepT, pT * drop_scale, 0.0)

@@ -181,12 +181,15 @@ def test_dropout_seeded_fresh_and_unbiased(device):
     assert abs(mean - 1.0) < 0.03, mean
     big = dropout_keep_mask(torch.tensor([99], device=device), 2, 3, 300, 200, p)
     assert abs(big.float().mean().item() - (1 - p)) < 0.005
-    # One Philox call feeds eight consecutive keys: each of its eight 16-bit values must be unbiased on its
-    # own and independent of its neighbour (P(two adjacent keys agree) = (1-p)^2 + p^2 for independent draws).
+    # One Philox call feeds eight scores (queries r, r + 8 x keys c, c + 1, c + 8, c + 9): each of its eight
+    # 16-bit values must be unbiased on its own and independent of its neighbours (P(two adjacent keys agree)
+    # = (1-p)^2 + p^2 for independent draws; so for the query eight rows down, which shares the call).
     lanes = big.float().view(2, 3, 300, 25, 8).mean(dim=(0, 1, 2, 3))
     assert (lanes - (1 - p)).abs().max().item() < 0.01, lanes
     agree = (big[..., 1:] == big[..., :-1]).float().mean().item()
     assert abs(agree - ((1 - p) ** 2 + p ** 2)) < 0.01, agree
+    agree_rows = (big[:, :, 8:] == big[:, :, :-8]).float().mean().item()
+    assert abs(agree_rows - ((1 - p) ** 2 + p ** 2)) < 0.01, agree_rows
 
 
 def _philox4x32_10(key: int, c0, c1, c2, c3):
@@ -204,15 +207,16 @@ def _philox4x32_10(key: int, c0, c1, c2, c3):
 
 
 def test_dropout_mask_is_the_documented_philox_stream(device):
-    """dropout_keep's documented stream: x = Philox(seed; key // 8, query, bh, 0); key k takes the 16-bit half
-    (k // 4) % 2 (low, high) of x[k % 4]."""
+    """dropout_keep's documented stream: x = Philox(seed; 4 (key // 16) + (key % 8) // 2, 8 (query // 16) +
+    query % 8, bh, 0); (query, key) takes the 16-bit half key % 2 (low, high) of x[2 ((query // 8) % 2) +
+    (key // 8) % 2]."""
     import numpy as np
     seed, bsz, h, nq, nk, p = 0x0123456789AB, 2, 3, 19, 37, 0.4
     mask = dropout_keep_mask(torch.tensor([seed], device=device), bsz, h, nq, nk, p).cpu().numpy()
     bh, row, col = np.meshgrid(np.arange(bsz * h), np.arange(nq), np.arange(nk), indexing="ij")
-    x = _philox4x32_10(seed, col // 8, row, bh, np.zeros_like(col))
-    r = np.choose(col % 4, x)
-    half = (r >> (np.uint64(16) * ((col // 4) % 2).astype(np.uint64))) & np.uint64(0xFFFF)
+    x = _philox4x32_10(seed, 4 * (col // 16) + (col % 8) // 2, 8 * (row // 16) + row % 8, bh, np.zeros_like(col))
+    r = np.choose(2 * ((row // 8) % 2) + (col // 8) % 2, x)
+    half = (r >> (np.uint64(16) * (col % 2).astype(np.uint64))) & np.uint64(0xFFFF)
     expect = half >= np.uint64(round(p * 2**16))
     assert np.array_equal(mask.reshape(bsz * h, nq, nk), expect)
 
@@ -230,13 +234,14 @@ def _tile_check_kernel(OUT, SEED, bh, start_row, start_col, thresh, M: tl.conste
     tl.store(OUT + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :], tile.to(tl.int8) + 2 * ok.to(tl.int8))
 
 
-def test_dropout_tile_equals_elementwise_mask(device):
-    """The kernels' 8-keys-per-Philox tile (and its transpose, as the dK/dV step uses it) equals the element-wise
-    `dropout_keep` at GPU-sized tiles and a tile start that is not at key 0."""
-    m, n = 32, 64
+@pytest.mark.parametrize("m, n, start_row, start_col", [(32, 64, 96, 192), (16, 16, 48, 80), (64, 32, 16, 208)])
+def test_dropout_tile_equals_elementwise_mask(device, m, n, start_row, start_col):
+    """The kernels' tile (one Philox call per 2 x 4 scores, drawn in the scores' layout; and its transpose, as
+    the dK/dV step uses it) equals the element-wise `dropout_keep` at GPU-sized and 16-wide tiles whose starts
+    are multiples of 16 but not of 32."""
     out = torch.zeros(m, n, dtype=torch.int8, device=device)
-    _tile_check_kernel[(1,)](out, torch.tensor([0x5EED5EED1234], device=device), 5, 96, 192, round(0.5 * 2**16),
-                             M=m, N=n)
+    _tile_check_kernel[(1,)](out, torch.tensor([0x5EED5EED1234], device=device), 5, start_row, start_col,
+                             round(0.5 * 2**16), M=m, N=n)
     assert bool((out >= 2).all())  # every element agrees, both orientations
     kept = (out % 2).float().mean().item()
     assert 0.4 < kept < 0.6  # and the mask is not trivially all-kept / all-dropped
