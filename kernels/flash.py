@@ -1152,6 +1152,58 @@ def _fwd_backward(ctx, do, dlse, dseed):
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
+# Self-attention on a fused projection's output, qkv (..., 3, nheads, headdim), as its own pair of ops: the
+# backward writes dQ, dK, dV into one gradient shaped like qkv. Through the unpacked ops, the compiled
+# backward stacks three separate gradients into it (a copy of the projection output per layer).
+@torch.library.custom_op("flashattn::fwd_qkvpacked", mutates_args=())
+def _fwd_qkv_op(qkv: torch.Tensor, cu: torch.Tensor | None, max_s: int, softmax_scale: float, causal: bool,
+                dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = qkv.unbind(dim=-3)
+    o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s)
+    if dropout_p == 0:  # as in _fwd_op: outputs may not alias each other
+        seed = torch.zeros(1, dtype=torch.int64, device=q.device)
+    return o, lse, seed
+
+
+@_fwd_qkv_op.register_fake
+def _fwd_qkv_fake(qkv, cu, max_s, softmax_scale, causal, dropout_p):
+    q = qkv.select(-3, 0)
+    return (q.new_empty(q.shape), q.new_empty(lse_shape(q, cu is not None), dtype=torch.float32),
+            q.new_empty((1,), dtype=torch.int64))
+
+
+@torch.library.custom_op("flashattn::bwd_qkvpacked", mutates_args=())
+def _bwd_qkv_op(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, seed: torch.Tensor,
+                cu: torch.Tensor | None, max_s: int, softmax_scale: float, causal: bool,
+                dropout_p: float) -> torch.Tensor:
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    q, k, v = qkv.unbind(dim=-3)
+    _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s,
+               out=dqkv.unbind(dim=-3))
+    return dqkv
+
+
+@_bwd_qkv_op.register_fake
+def _bwd_qkv_fake(do, qkv, o, lse, seed, cu, max_s, softmax_scale, causal, dropout_p):
+    return qkv.new_empty(qkv.shape)
+
+
+def _fwd_qkv_setup_context(ctx, inputs, output):
+    qkv, cu, max_s, softmax_scale, causal, dropout_p = inputs
+    o, lse, seed = output
+    ctx.save_for_backward(qkv, o, lse, seed, cu)
+    ctx.args = (max_s, softmax_scale, causal, dropout_p)
+    ctx.mark_non_differentiable(lse, seed)
+
+
+def _fwd_qkv_backward(ctx, do, dlse, dseed):
+    qkv, o, lse, seed, cu = ctx.saved_tensors
+    return (_bwd_qkv_op(do, qkv, o, lse, seed, cu, *ctx.args), None, None, None, None, None)
+
+
+_fwd_qkv_op.register_autograd(_fwd_qkv_backward, setup_context=_fwd_qkv_setup_context)
+
+
 class _EagerFlash(torch.autograd.Function):
     """The same forward and backward as the custom ops, for eager calls: the op dispatcher and its
     autograd wrapper cost ~100 us of host time per call each way, as much as a whole BERT-shape kernel,
@@ -1265,10 +1317,10 @@ def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: float 
     headdim). The same result as flash_attn_func(*qkv.unbind(2)); its gradient is one tensor shaped like qkv."""
     _check_qkv(qkv, False)
     q, k, v = qkv.unbind(dim=2)
-    if torch.compiler.is_compiling():  # the custom ops; the compiler fuses the gradients' stack itself
-        return flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal)
     check_inputs(q, k, v, dropout_p=dropout_p)
     scale = _softmax_scale(softmax_scale, qkv.shape[-1])
+    if torch.compiler.is_compiling():
+        return _fwd_qkv_op(qkv, None, qkv.shape[1], float(scale), bool(causal), float(dropout_p))[0]
     out, _ = _EagerFlashQKV.apply(qkv, None, qkv.shape[1], float(scale), bool(causal), float(dropout_p))
     return out
 
@@ -1280,13 +1332,12 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: flo
     (total, nheads, headdim), its gradient one tensor shaped like qkv."""
     _check_qkv(qkv, True)
     q, k, v = qkv.unbind(dim=1)
-    if torch.compiler.is_compiling():
-        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p,
-                                      softmax_scale=softmax_scale, causal=causal, check_seqlens=check_seqlens)
     check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens if check_seqlens else None,
                  cu_seqlens_k=cu_seqlens if check_seqlens else None, max_seqlen_q=max_seqlen,
                  max_seqlen_k=max_seqlen, dropout_p=dropout_p)
     scale = _softmax_scale(softmax_scale, qkv.shape[-1])
+    if torch.compiler.is_compiling():
+        return _fwd_qkv_op(qkv, cu_seqlens, int(max_seqlen), float(scale), bool(causal), float(dropout_p))[0]
     out, _ = _EagerFlashQKV.apply(qkv, cu_seqlens, int(max_seqlen), float(scale), bool(causal), float(dropout_p))
     return out
 

@@ -1,5 +1,5 @@
 """torch.compile over our kernels: the flash and block-sparse kernels are custom operators (flashattn::fwd / ::bwd,
-flashattn::blocksparse_fwd / _bwd) with fake implementations, so Dynamo traces a model that calls them in one graph
+their packed-qkv pair flashattn::fwd_qkvpacked / ::bwd_qkvpacked, flashattn::blocksparse_fwd / _bwd) with fake implementations, so Dynamo traces a model that calls them in one graph
 and never enters the launchers or the autotuner. On the CPU the graphs run with the aot_eager backend (inductor compiles C++ for minutes); the GPU test
 uses inductor."""
 import pytest
@@ -34,6 +34,52 @@ def test_custom_ops_pass_opcheck(varlen, device):
     bwd_args = (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o.detach(), lse, seed, cu_q, cu_k, mq, mk,
                 0.25, True, 0.0)
     torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args, test_utils=checks)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_packed_qkv_ops_pass_opcheck(varlen, device):
+    g = torch.Generator().manual_seed(0)
+    if varlen:
+        qkv, cu, ms = torch.randn(37, 3, 2, 16, generator=g).to(device), torch.tensor([0, 20, 37], dtype=torch.int32,
+                                                                                     device=device), 20
+    else:
+        qkv, cu, ms = torch.randn(2, 24, 3, 2, 16, generator=g).to(device), None, 24
+    qkv.requires_grad_()
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor") + (() if varlen else
+                                                                                 ("test_aot_dispatch_dynamic",))
+    fwd_args = (qkv, cu, ms, 0.25, True, 0.0)
+    torch.library.opcheck(torch.ops.flashattn.fwd_qkvpacked.default, fwd_args, test_utils=checks)
+    o, lse, seed = torch.ops.flashattn.fwd_qkvpacked(*fwd_args)
+    bwd_args = (torch.randn_like(o), qkv.detach(), o.detach(), lse, seed, cu, ms, 0.25, True, 0.0)
+    torch.library.opcheck(torch.ops.flashattn.bwd_qkvpacked.default, bwd_args, test_utils=checks)
+
+
+def test_compiled_packed_attention_takes_the_packed_gradient_op(device):
+    """Compiled GPT-2 attention (a fused projection's qkv) runs flashattn::fwd_qkvpacked / bwd_qkvpacked, whose
+    backward writes one gradient shaped like qkv, so no stack of three gradients is left for the compiler to copy;
+    values and gradients equal eager ones."""
+    from torch._dynamo.backends.common import aot_autograd
+    from kernels.flash import flash_attn_qkvpacked_func
+
+    seen = []
+
+    def record(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 24, 3, 2, 16, generator=g).to(device).requires_grad_()
+    do = torch.randn(2, 24, 2, 16, generator=g).to(device)
+    fn = torch.compile(lambda x: flash_attn_qkvpacked_func(x, causal=True), fullgraph=True,
+                       backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+    out = fn(qkv)
+    (grad,) = torch.autograd.grad(out, qkv, do)
+    ref = flash_attn_qkvpacked_func(qkv, causal=True)
+    (ref_grad,) = torch.autograd.grad(ref, qkv, do)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad, ref_grad)
+    assert "flashattn.fwd_qkvpacked.default" in seen and "flashattn.bwd_qkvpacked.default" in seen, seen
+    assert not any("stack" in t or "cat" in t for t in seen), seen
 
 
 def test_gpt2_with_flash_compiles_to_one_graph(device):
