@@ -474,13 +474,17 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
 
 def _compare(a: list, b: list) -> dict | None:
     """Two validation curves [(step, acc)] at the steps both evaluated: count, last step, largest and last
-    |difference| in points; None when they share no evaluation."""
+    |difference| in points, and the mean signed difference a - b over the later half of those evaluations (a
+    gap that keeps its sign shows there, where the largest one is often an early jump off a plateau); None
+    when they share no evaluation."""
     bs = dict(b)
     both = [(step, acc, bs[step]) for step, acc in a if step in bs]
     if not both:
         return None
     gaps = [100 * abs(x - y) for _, x, y in both]
-    return {"evals": len(both), "up_to": both[-1][0], "max_gap": max(gaps), "last_gap": gaps[-1]}
+    late = [100 * (x - y) for _, x, y in both[len(both) // 2:]]
+    return {"evals": len(both), "up_to": both[-1][0], "max_gap": max(gaps), "last_gap": gaps[-1],
+            "late_mean": sum(late) / len(late)}
 
 
 def parity(summary: dict) -> list[dict]:
@@ -646,11 +650,14 @@ def markdown(summary: dict, meta: dict) -> str:
     if summary.get("parity"):
         lines += ["", "Quality parity: validation accuracy of two runs at the evaluations both made (a cut-off run "
                       "compares on its prefix); the same kind across seeds is the run-to-run noise to judge the "
-                      "kinds' gaps by:", "",
-                  "| task | runs | seeds | evaluations | up to step | largest gap (points) | gap at the last |",
-                  "|---|---|---|---:|---:|---:|---:|"]
+                      "kinds' gaps by. Later half: the mean signed difference (first run minus second) over the "
+                      "later half of those evaluations:", "",
+                  "| task | runs | seeds | evaluations | up to step | largest gap (points) | gap at the last | "
+                  "later half, signed (points) |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
         lines += [f"| {TASK_TITLES[p['task']]} | {p['pair']} | {p['seeds']} | {p['evals']} | {p['up_to']} | "
-                  f"{p['max_gap']:.1f} | {p['last_gap']:.1f} |" for p in summary["parity"]]
+                  f"{p['max_gap']:.1f} | {p['last_gap']:.1f} | {_f(p.get('late_mean'), '{:+.1f}')} |"
+                  for p in summary["parity"]]
     lines += ["", "Data:", ""]
     for t in tasks:
         d = summary["data"].get(t)

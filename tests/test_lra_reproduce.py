@@ -499,5 +499,7 @@ def test_parity_compares_kinds_on_shared_evaluations_and_seeds_for_noise():
     vs = by[("flash vs standard", "1")]
     assert vs["evals"] == 2 and vs["up_to"] == 200  # the standard run's prefix
     assert vs["max_gap"] == pytest.approx(5.0) and vs["last_gap"] == pytest.approx(5.0)
+    assert vs["late_mean"] == pytest.approx(-5.0)  # signed, flash minus standard, over the later evaluation
     noise = by[("flash seed vs seed", "1, 2")]
     assert noise["evals"] == 3 and noise["max_gap"] == pytest.approx(8.0) and noise["last_gap"] == pytest.approx(1.0)
+    assert noise["late_mean"] == pytest.approx(-4.5)  # mean of (0.25 - 0.33, 0.40 - 0.41) in points
