@@ -330,6 +330,7 @@ def read_run(run_dir: Path) -> dict | None:
     rows = calls[-1]  # this (or the last) call's metrics.csv
     # the curve spans every call; where two logged the same step, the later (resumed) call's value counts
     curve = {int(r["step"]): r["val/acc"] for part in calls for r in part if "val/acc" in r and "step" in r}
+    loss = {int(r["step"]): r["train/loss"] for part in calls for r in part if "train/loss" in r and "step" in r}
     call_log = read_calls(run_dir)
     source = OmegaConf.select(cfg, "data.source")
     micro, total = OmegaConf.select(cfg, "data.batch_size"), OmegaConf.select(cfg, "global_batch_size")
@@ -339,7 +340,8 @@ def read_run(run_dir: Path) -> dict | None:
             "max_steps": OmegaConf.select(cfg, "trainer.max_steps"), "source": source,
             "steps_done": int(max((r.get("step", 0) for r in rows), default=0)), "rows": rows,
             "test_acc": last_value(rows, "test/acc"), "val_acc": last_value(rows, "val/acc"),
-            "val_curve": sorted(curve.items()), "devices": run_devices(call_log),
+            "val_curve": sorted(curve.items()), "train_loss_curve": sorted(loss.items()),
+            "devices": run_devices(call_log),
             "speed": steady_speed(rows), "finished": finished(run_dir, rows, call_log),
             "model_drift": model_drift(task, OmegaConf.to_container(cfg.model) if "model" in cfg else {})}
 
@@ -433,7 +435,8 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
             done = {s: r for s, r in seeds.items() if r["finished"] and r["test_acc"] is not None}
             for s, r in seeds.items():
                 out["curves"].append({"task": task, "kind": kind, "seed": s, "max_steps": r["max_steps"],
-                                      "finished": s in done, "val_acc": r.get("val_curve", [])})
+                                      "finished": s in done, "val_acc": r.get("val_curve", []),
+                                      "train_loss": r.get("train_loss_curve", [])})
                 if s not in done:
                     out["unfinished"].append({"task": task, "kind": kind, "seed": s, "dir": rel(r["dir"]),
                                               "steps_done": r["steps_done"], "max_steps": r["max_steps"],
@@ -469,6 +472,8 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
         out["average"][kind] = sum(accs) / len(accs) if len(accs) == len(TASKS) else None
     out["mean_speedup"] = mean_speedups(out)
     out["parity"] = parity(out)
+    for c in out["curves"]:  # every logged step of every run: used by parity, too long for table3.json
+        c.pop("train_loss", None)
     return out
 
 
@@ -482,9 +487,16 @@ def _compare(a: list, b: list) -> dict | None:
     if not both:
         return None
     gaps = [100 * abs(x - y) for _, x, y in both]
-    late = [100 * (x - y) for _, x, y in both[len(both) // 2:]]
     return {"evals": len(both), "up_to": both[-1][0], "max_gap": max(gaps), "last_gap": gaps[-1],
-            "late_mean": sum(late) / len(late)}
+            "late_mean": 100 * _late_mean(a, b)}
+
+
+def _late_mean(a: list, b: list) -> float | None:
+    """Mean of a - b over the later half of the steps both curves [(step, value)] logged; None if none."""
+    bs = dict(b)
+    both = [(x, bs[step]) for step, x in a if step in bs]
+    late = both[len(both) // 2:]
+    return sum(x - y for x, y in late) / len(late) if late else None
 
 
 def parity(summary: dict) -> list[dict]:
@@ -492,17 +504,20 @@ def parity(summary: dict) -> list[dict]:
     as the noise to judge those by, the same kind across two seeds (each over the evaluations both runs
     made: a cut-off run compares on its prefix)."""
     curves = {(c["task"], c["kind"], c["seed"]): c["val_acc"] for c in summary.get("curves", []) if c["val_acc"]}
+    losses = {(c["task"], c["kind"], c["seed"]): c.get("train_loss") or [] for c in summary.get("curves", [])}
     rows = []
-    for (task, kind, seed), curve in sorted(curves.items()):
+
+    def pair(a, b, **labels):
+        cmp = _compare(curves[a], curves[b])
+        if cmp:
+            rows.append(dict(cmp, late_loss=_late_mean(losses.get(a, []), losses.get(b, [])), **labels))
+
+    for (task, kind, seed) in sorted(curves):
         if kind != "standard" and (task, "standard", seed) in curves:
-            cmp = _compare(curve, curves[(task, "standard", seed)])
-            if cmp:
-                rows.append(dict(cmp, task=task, pair=f"{kind} vs standard", seeds=str(seed)))
-        for (t2, k2, s2), other in sorted(curves.items()):
+            pair((task, kind, seed), (task, "standard", seed), task=task, pair=f"{kind} vs standard", seeds=str(seed))
+        for (t2, k2, s2) in sorted(curves):
             if (t2, k2) == (task, kind) and s2 > seed:
-                cmp = _compare(curve, other)
-                if cmp:
-                    rows.append(dict(cmp, task=task, pair=f"{kind} seed vs seed", seeds=f"{seed}, {s2}"))
+                pair((task, kind, seed), (t2, k2, s2), task=task, pair=f"{kind} seed vs seed", seeds=f"{seed}, {s2}")
     return rows
 
 
@@ -651,13 +666,15 @@ def markdown(summary: dict, meta: dict) -> str:
         lines += ["", "Quality parity: validation accuracy of two runs at the evaluations both made (a cut-off run "
                       "compares on its prefix); the same kind across seeds is the run-to-run noise to judge the "
                       "kinds' gaps by. Later half: the mean signed difference (first run minus second) over the "
-                      "later half of those evaluations:", "",
+                      "later half of those evaluations, and of the training loss over the later half of the steps "
+                      "both logged (same seed: same initialisation and data order, so a gap that keeps its sign "
+                      "shows there):", "",
                   "| task | runs | seeds | evaluations | up to step | largest gap (points) | gap at the last | "
-                  "later half, signed (points) |",
-                  "|---|---|---|---:|---:|---:|---:|---:|"]
+                  "later half, signed (points) | training loss, later half, signed |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {TASK_TITLES[p['task']]} | {p['pair']} | {p['seeds']} | {p['evals']} | {p['up_to']} | "
-                  f"{p['max_gap']:.1f} | {p['last_gap']:.1f} | {_f(p.get('late_mean'), '{:+.1f}')} |"
-                  for p in summary["parity"]]
+                  f"{p['max_gap']:.1f} | {p['last_gap']:.1f} | {_f(p.get('late_mean'), '{:+.1f}')} | "
+                  f"{_f(p.get('late_loss'), '{:+.3f}')} |" for p in summary["parity"]]
     lines += ["", "Data:", ""]
     for t in tasks:
         d = summary["data"].get(t)

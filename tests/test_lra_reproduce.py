@@ -488,8 +488,10 @@ def test_runs_made_before_a_model_change_are_marked(tmp_path):
 def test_parity_compares_kinds_on_shared_evaluations_and_seeds_for_noise():
     curve = lambda *accs: [(100 * (i + 1), a) for i, a in enumerate(accs)]  # noqa: E731
     summary = {"curves": [
-        {"task": "listops", "kind": "standard", "seed": 1, "val_acc": curve(0.20, 0.30)},  # cut off after 2
-        {"task": "listops", "kind": "flash", "seed": 1, "val_acc": curve(0.22, 0.25, 0.40)},
+        {"task": "listops", "kind": "standard", "seed": 1, "val_acc": curve(0.20, 0.30),  # cut off after 2
+         "train_loss": curve(2.0, 1.5, 1.0, 0.9)},
+        {"task": "listops", "kind": "flash", "seed": 1, "val_acc": curve(0.22, 0.25, 0.40),
+         "train_loss": curve(2.0, 1.6, 1.2, 1.0, 0.8)},
         {"task": "listops", "kind": "flash", "seed": 2, "val_acc": curve(0.21, 0.33, 0.41)},
         {"task": "text", "kind": "flash", "seed": 1, "val_acc": curve(0.5)},  # no standard run: nothing
     ]}
@@ -500,6 +502,8 @@ def test_parity_compares_kinds_on_shared_evaluations_and_seeds_for_noise():
     assert vs["evals"] == 2 and vs["up_to"] == 200  # the standard run's prefix
     assert vs["max_gap"] == pytest.approx(5.0) and vs["last_gap"] == pytest.approx(5.0)
     assert vs["late_mean"] == pytest.approx(-5.0)  # signed, flash minus standard, over the later evaluation
+    assert vs["late_loss"] == pytest.approx(0.15)  # steps 300, 400 both logged: (0.2 + 0.1) / 2
     noise = by[("flash seed vs seed", "1, 2")]
     assert noise["evals"] == 3 and noise["max_gap"] == pytest.approx(8.0) and noise["last_gap"] == pytest.approx(1.0)
     assert noise["late_mean"] == pytest.approx(-4.5)  # mean of (0.25 - 0.33, 0.40 - 0.41) in points
+    assert noise["late_loss"] is None  # seed 2 logged no training loss
