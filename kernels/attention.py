@@ -56,7 +56,7 @@ class Attention(nn.Module):
         """Self-attention on a fused projection's output viewed per head: qkv (batch, seqlen, 3, nheads,
         headdim), or (total_tokens, 3, nheads, headdim) with `packed`. The same as
         self(*qkv.unbind(-3), causal=causal, packed=packed); kinds that take the three at once override it
-        (flash: one gradient tensor for qkv, so the backward stacks nothing)."""
+        (flash, block-sparse: one gradient tensor for qkv, so the backward stacks nothing)."""
         q, k, v = qkv.unbind(dim=-3)
         return self(q, k, v, causal=causal, packed=packed)
 
@@ -201,6 +201,19 @@ class BlockSparseAttention(Attention):
         lay = self.layout(q.shape[1], k.shape[1], q.device)
         return blocksparse_attn_func(q, k, v, lay, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
                                      causal=causal)
+
+    def forward_qkv(self, qkv, causal=False, packed=None):
+        from kernels.blocksparse import blocksparse_attn_qkvpacked_func, blocksparse_attn_varlen_qkvpacked_func
+
+        if packed is None:
+            lay = self.layout(qkv.shape[1], qkv.shape[1], qkv.device)
+            return blocksparse_attn_qkvpacked_func(qkv, lay, dropout_p=self.dropout_p,
+                                                   softmax_scale=self.softmax_scale, causal=causal)
+        _check_packed(qkv, packed, "qkv", ("3", "nheads", "headdim"))
+        lay = self.layout(packed.seqlen, packed.seqlen, qkv.device)
+        return blocksparse_attn_varlen_qkvpacked_func(qkv, lay, packed.cu_seqlens, packed.max_seqlen,
+                                                      dropout_p=self.dropout_p, softmax_scale=self.softmax_scale,
+                                                      causal=causal, check_seqlens=False)
 
     def forward_packed(self, q, k, v, packed, causal):
         from kernels.blocksparse import blocksparse_attn_varlen_func

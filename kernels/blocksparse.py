@@ -57,6 +57,7 @@ from kernels.flash import (
     _drop_consts,
     LOG2E,
     _block_d,
+    _check_qkv,
     _interpreting,
     _PER_BATCH_INTS,
     _strides,
@@ -572,7 +573,8 @@ def _bs_forward(q, k, v, tables, block_size, causal, sm_scale, dropout_p, cu_q=N
 
 
 def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale, dropout_p, cu_q=None, cu_k=None,
-                 max_q=None, max_k=None):
+                 max_q=None, max_k=None, out=None):
+    """(dq, dk, dv); out: three tensors shaped like q, k, v to write them into (views of one packed dqkv)."""
     varlen = cu_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
@@ -584,7 +586,7 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dq, dk, dv = out if out is not None else (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
     thresh, drop_scale = _drop_consts(dropout_p)
     bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", block_size, d)
     col_full, col_part, col_idx, row_full, row_part, row_idx = tables[3:]
@@ -680,6 +682,80 @@ class _EagerBlockSparse(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * (8 + len(tables))
 
 
+# Self-attention on a fused projection's output, qkv (..., 3, nheads, headdim): the backward writes one gradient
+# shaped like qkv, so neither autograd nor a compiled graph stacks three (as kernels/flash.py's packed ops).
+@torch.library.custom_op("flashattn::blocksparse_fwd_qkvpacked", mutates_args=())
+def _bs_fwd_qkv_op(qkv: torch.Tensor, tables: list[torch.Tensor], cu: torch.Tensor | None, max_s: int,
+                   block_size: int, causal: bool, softmax_scale: float,
+                   dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = qkv.unbind(dim=-3)
+    return _bs_forward(q, k, v, tables, block_size, causal, softmax_scale, dropout_p, cu, cu, max_s, max_s)
+
+
+@_bs_fwd_qkv_op.register_fake
+def _bs_fwd_qkv_fake(qkv, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p):
+    q = qkv.select(-3, 0)
+    return (q.new_empty(q.shape), q.new_empty(lse_shape(q, cu is not None), dtype=torch.float32),
+            q.new_empty((1,), dtype=torch.int64))
+
+
+@torch.library.custom_op("flashattn::blocksparse_bwd_qkvpacked", mutates_args=())
+def _bs_bwd_qkv_op(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, seed: torch.Tensor,
+                   tables: list[torch.Tensor], cu: torch.Tensor | None, max_s: int, block_size: int, causal: bool,
+                   softmax_scale: float, dropout_p: float) -> torch.Tensor:
+    return _bs_backward_qkv(do, qkv, o, lse, seed, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p)
+
+
+@_bs_bwd_qkv_op.register_fake
+def _bs_bwd_qkv_fake(do, qkv, o, lse, seed, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p):
+    return qkv.new_empty(qkv.shape)
+
+
+def _bs_backward_qkv(do, qkv, o, lse, seed, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p):
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    q, k, v = qkv.unbind(dim=-3)
+    _bs_backward(do, q, k, v, o, lse, seed, list(tables), block_size, causal, softmax_scale, dropout_p, cu, cu, max_s,
+                 max_s, out=dqkv.unbind(dim=-3))
+    return dqkv
+
+
+def _bs_qkv_setup_context(ctx, inputs, output):
+    qkv, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p = inputs
+    o, lse, seed = output
+    ctx.save_for_backward(qkv, o, lse, seed, cu, *tables)
+    ctx.args = (max_s, block_size, causal, softmax_scale, dropout_p)
+    ctx.mark_non_differentiable(lse, seed)
+
+
+def _bs_qkv_op_backward(ctx, do, dlse, dseed):
+    qkv, o, lse, seed, cu, *tables = ctx.saved_tensors
+    max_s, block_size, causal, softmax_scale, dropout_p = ctx.args
+    dqkv = _bs_bwd_qkv_op(do, qkv, o, lse, seed, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p)
+    return dqkv, [None] * len(tables), None, None, None, None, None, None
+
+
+_bs_fwd_qkv_op.register_autograd(_bs_qkv_op_backward, setup_context=_bs_qkv_setup_context)
+
+
+class _EagerBlockSparseQKV(torch.autograd.Function):
+    """The packed ops' forward and backward for eager calls (see _EagerBlockSparse)."""
+
+    @staticmethod
+    def forward(ctx, qkv, cu, max_s, block_size, causal, softmax_scale, dropout_p, *tables):
+        q, k, v = qkv.unbind(dim=-3)
+        o, lse, seed = _bs_forward(q, k, v, list(tables), block_size, causal, softmax_scale, dropout_p, cu, cu,
+                                   max_s, max_s)
+        ctx.save_for_backward(qkv, o, lse, seed, cu, *tables)
+        ctx.args = (max_s, block_size, causal, softmax_scale, dropout_p)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        qkv, o, lse, seed, cu, *tables = ctx.saved_tensors
+        dqkv = _bs_backward_qkv(do, qkv, o, lse, seed, tables, cu, *ctx.args)
+        return (dqkv,) + (None,) * (6 + len(tables))
+
+
 def _blocksparse(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p):
     """The output: the custom op under torch.compile, the plain autograd Function in eager mode."""
     if torch.compiler.is_compiling():
@@ -687,6 +763,21 @@ def _blocksparse(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, 
                           dropout_p)[0]
     return _EagerBlockSparse.apply(q, k, v, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p,
                                    *tables)
+
+
+def _blocksparse_qkv(qkv, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p):
+    if torch.compiler.is_compiling():
+        return _bs_fwd_qkv_op(qkv, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p)[0]
+    return _EagerBlockSparseQKV.apply(qkv, cu, max_s, block_size, causal, softmax_scale, dropout_p, *tables)
+
+
+def _dense_setup(q, k, layout, block_size, softmax_scale, causal):
+    """(layout, causal, softmax scale, kernel tables) of a dense (batch, seqlen, nheads, headdim) call."""
+    seqlen_q, nheads, d = q.shape[1], q.shape[2], q.shape[3]
+    lay = _as_layout(layout, block_size, nheads, seqlen_q, k.shape[1])
+    causal = bool(causal) or lay.causal
+    sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    return lay, causal, float(sm_scale), _kernel_tables(lay, causal, d, q.device, False, seqlen_q, k.shape[1])
 
 
 def blocksparse_attn_func(q, k, v, layout, block_size=None, dropout_p=0.0, softmax_scale=None, causal=False):
@@ -700,14 +791,20 @@ def blocksparse_attn_func(q, k, v, layout, block_size=None, dropout_p=0.0, softm
     causal). Returns (batch, seqlen_q, nheads, headdim) in q's dtype.
     """
     check_inputs(q, k, v, dropout_p=dropout_p)
-    batch, seqlen_q, nheads, d = q.shape
-    lay = _as_layout(layout, block_size, nheads, seqlen_q, k.shape[1])
-    causal = bool(causal) or lay.causal
-    sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    lay, causal, sm_scale, tables = _dense_setup(q, k, layout, block_size, softmax_scale, causal)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    tables = _kernel_tables(lay, causal, d, q.device, False, seqlen_q, k.shape[1])
-    return _blocksparse(q, k, v, tables, None, None, seqlen_q, k.shape[1], lay.block_size, causal, float(sm_scale),
+    return _blocksparse(q, k, v, tables, None, None, q.shape[1], k.shape[1], lay.block_size, causal, sm_scale,
                         float(dropout_p))
+
+
+def blocksparse_attn_qkvpacked_func(qkv, layout, block_size=None, dropout_p=0.0, softmax_scale=None, causal=False):
+    """blocksparse_attn_func for self-attention on packed projections: qkv (batch, seqlen, 3, nheads, headdim)
+    -> (batch, seqlen, nheads, headdim); its gradient is one tensor shaped like qkv (nothing stacked)."""
+    _check_qkv(qkv, False)
+    q, k, v = qkv.unbind(dim=2)
+    check_inputs(q, k, v, dropout_p=dropout_p)
+    lay, causal, sm_scale, tables = _dense_setup(q, k, layout, block_size, softmax_scale, causal)
+    return _blocksparse_qkv(qkv, tables, None, q.shape[1], lay.block_size, causal, sm_scale, float(dropout_p))
 
 
 def blocksparse_attn_varlen_func(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -723,6 +820,28 @@ def blocksparse_attn_varlen_func(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, ma
     as keys (self-attention). check_seqlens=False skips the host-side check of cu_seqlens (one sync),
     for callers that built them (kernels.padding.PackedBatch). Returns (total_q, nheads, headdim).
     """
+    lay, causal, sm_scale, tables = _varlen_setup(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                  max_seqlen_k, dropout_p, softmax_scale, causal, check_seqlens)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return _blocksparse(q, k, v, tables, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                        lay.block_size, causal, sm_scale, float(dropout_p))
+
+
+def blocksparse_attn_varlen_qkvpacked_func(qkv, layout, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None,
+                                           causal=False, check_seqlens=True):
+    """blocksparse_attn_varlen_func for self-attention on packed projections: qkv (total, 3, nheads, headdim)
+    -> (total, nheads, headdim); its gradient is one tensor shaped like qkv (nothing stacked)."""
+    _check_qkv(qkv, True)
+    q, k, v = qkv.unbind(dim=1)
+    lay, causal, sm_scale, tables = _varlen_setup(q, k, v, layout, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                                  dropout_p, softmax_scale, causal, check_seqlens)
+    return _blocksparse_qkv(qkv, tables, cu_seqlens, int(max_seqlen), lay.block_size, causal, sm_scale,
+                            float(dropout_p))
+
+
+def _varlen_setup(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                  causal, check_seqlens):
+    """Checks, then (layout, causal, softmax scale, kernel tables) of a varlen call."""
     check_inputs(q, k, v, varlen=True, cu_seqlens_q=cu_seqlens_q if check_seqlens else None,
                  cu_seqlens_k=cu_seqlens_k if check_seqlens else None, max_seqlen_q=max_seqlen_q,
                  max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
@@ -737,10 +856,8 @@ def blocksparse_attn_varlen_func(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, ma
             raise ValueError("causal varlen block-sparse attention needs equal query and key lengths per "
                              "sequence (cu_seqlens_q == cu_seqlens_k)")
     sm_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     tables = _kernel_tables(lay, causal, d, q.device, True, int(max_seqlen_q), int(max_seqlen_k))
-    return _blocksparse(q, k, v, tables, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                        lay.block_size, causal, float(sm_scale), float(dropout_p))
+    return lay, causal, float(sm_scale), tables
 
 
 def blocksparse_reference(q, k, v, layout, block_size=None, softmax_scale=None, causal=False, dropout_p=0.0,

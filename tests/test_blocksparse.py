@@ -246,6 +246,47 @@ def test_varlen_dropout_matches_dense_kernel_mask(device):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_packed_qkv_equals_unpacked_with_one_gradient(varlen, device):
+    """The packed-qkv entry points (what the models call) give the unpacked functions' output and the same
+    gradients, written into one tensor shaped like qkv; dropout draws the same mask for the same seed."""
+    from kernels.blocksparse import (blocksparse_attn_qkvpacked_func, blocksparse_attn_varlen_func,
+                                     blocksparse_attn_varlen_qkvpacked_func)
+
+    g = torch.Generator().manual_seed(4)
+    p, h, d = 0.25, 2, 16
+    if varlen:
+        lengths = [40, 23]
+        qkv = torch.randn(sum(lengths), 3, h, d, generator=g).to(device).requires_grad_()
+        cu = torch.tensor([0, 40, 63], dtype=torch.int32, device=device)
+        layout = S.make_layout("butterfly", 48, 48, 16, device=device)
+
+        def packed(x):
+            return blocksparse_attn_varlen_qkvpacked_func(x, layout, cu, 40, dropout_p=p, causal=True)
+
+        def unpacked(q, k, v):
+            return blocksparse_attn_varlen_func(q, k, v, layout, cu, cu, 40, 40, dropout_p=p, causal=True)
+    else:
+        qkv = torch.randn(2, 48, 3, h, d, generator=g).to(device).requires_grad_()
+        layout = S.random(48, 48, 16, 0.6, seed=2)
+
+        def packed(x):
+            return blocksparse_attn_qkvpacked_func(x, layout, block_size=16, dropout_p=p)
+
+        def unpacked(q, k, v):
+            return blocksparse_attn_func(q, k, v, layout, block_size=16, dropout_p=p)
+    dim = qkv.dim() - 3
+    do = torch.randn(qkv.select(dim, 0).shape, generator=g).to(device)
+    torch.manual_seed(7)
+    out = packed(qkv)
+    (grad,) = torch.autograd.grad(out, qkv, do)
+    torch.manual_seed(7)
+    ref = unpacked(*qkv.unbind(dim))
+    (ref_grad,) = torch.autograd.grad(ref, qkv, do)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    torch.testing.assert_close(grad, ref_grad, atol=0, rtol=0)
+
+
 def test_varlen_bad_inputs_raise(device):
     from kernels.blocksparse import blocksparse_attn_varlen_func
 

@@ -1,7 +1,8 @@
-"""torch.compile over our kernels: the flash and block-sparse kernels are custom operators (flashattn::fwd / ::bwd,
-their packed-qkv pair flashattn::fwd_qkvpacked / ::bwd_qkvpacked, flashattn::blocksparse_fwd / _bwd) with fake implementations, so Dynamo traces a model that calls them in one graph
-and never enters the launchers or the autotuner. On the CPU the graphs run with the aot_eager backend (inductor compiles C++ for minutes); the GPU test
-uses inductor."""
+"""torch.compile over our kernels: the flash and block-sparse kernels are custom operators (flashattn::fwd /
+::bwd, flashattn::blocksparse_fwd / _bwd, and each one's packed-qkv pair, *_qkvpacked, whose backward writes one
+gradient shaped like qkv) with fake implementations, so Dynamo traces a model that calls them in one graph and
+never enters the launchers or the autotuner. On the CPU the graphs run with the aot_eager backend (inductor
+compiles C++ for minutes); the GPU test uses inductor."""
 import pytest
 import torch
 
@@ -54,11 +55,14 @@ def test_packed_qkv_ops_pass_opcheck(varlen, device):
     torch.library.opcheck(torch.ops.flashattn.bwd_qkvpacked.default, bwd_args, test_utils=checks)
 
 
-def test_compiled_packed_attention_takes_the_packed_gradient_op(device):
-    """Compiled GPT-2 attention (a fused projection's qkv) runs flashattn::fwd_qkvpacked / bwd_qkvpacked, whose
+@pytest.mark.parametrize("kind", ["flash", "blocksparse"])
+def test_compiled_packed_attention_takes_the_packed_gradient_op(kind, device):
+    """Compiled self-attention on a fused projection's qkv (what the models call) runs the packed-qkv ops, whose
     backward writes one gradient shaped like qkv, so no stack of three gradients is left for the compiler to copy;
     values and gradients equal eager ones."""
     from torch._dynamo.backends.common import aot_autograd
+    from kernels import sparsity
+    from kernels.blocksparse import blocksparse_attn_qkvpacked_func
     from kernels.flash import flash_attn_qkvpacked_func
 
     seen = []
@@ -68,17 +72,24 @@ def test_compiled_packed_attention_takes_the_packed_gradient_op(device):
         return gm
 
     g = torch.Generator().manual_seed(0)
-    qkv = torch.randn(2, 24, 3, 2, 16, generator=g).to(device).requires_grad_()
-    do = torch.randn(2, 24, 2, 16, generator=g).to(device)
-    fn = torch.compile(lambda x: flash_attn_qkvpacked_func(x, causal=True), fullgraph=True,
-                       backend=aot_autograd(fw_compiler=record, bw_compiler=record))
-    out = fn(qkv)
+    qkv = torch.randn(2, 32, 3, 2, 16, generator=g).to(device).requires_grad_()
+    do = torch.randn(2, 32, 2, 16, generator=g).to(device)
+    if kind == "flash":
+        def attn(x):
+            return flash_attn_qkvpacked_func(x, causal=True)
+    else:
+        layout = sparsity.make_layout("butterfly", 32, 32, 16, device=device)
+
+        def attn(x):
+            return blocksparse_attn_qkvpacked_func(x, layout, causal=True)
+    out = torch.compile(attn, fullgraph=True, backend=aot_autograd(fw_compiler=record, bw_compiler=record))(qkv)
     (grad,) = torch.autograd.grad(out, qkv, do)
-    ref = flash_attn_qkvpacked_func(qkv, causal=True)
+    ref = attn(qkv)
     (ref_grad,) = torch.autograd.grad(ref, qkv, do)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(grad, ref_grad)
-    assert "flashattn.fwd_qkvpacked.default" in seen and "flashattn.bwd_qkvpacked.default" in seen, seen
+    prefix = "flashattn." if kind == "flash" else "flashattn.blocksparse_"
+    assert f"{prefix}fwd_qkvpacked.default" in seen and f"{prefix}bwd_qkvpacked.default" in seen, seen
     assert not any("stack" in t or "cat" in t for t in seen), seen
 
 
