@@ -101,9 +101,9 @@ def markdown(runs: list[dict], meta: dict) -> str:
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in runs:
         paper = PAPER.get(r["experiment"])
-        sp = r["speed"]
+        sp, steps = r["speed"], f"{r['steps_done']:,} of {_f(r['max_steps'], '{:,}')}"
         lines.append(
-            f"| {TITLES[r['experiment']]}: `{r['dir']}` | {r['kind']} | {r['steps_done']:,} of {r['max_steps']:,} | "
+            f"| {TITLES[r['experiment']]}: `{r['dir']}` | {r['kind']} | {steps} | "
             f"{r['recipe_steps']:,} | {_f(r['val_last'])} / {_f(r['val_best'])} | {_f(r['test_acc'])} | "
             f"{f'{paper[1]} ({paper[0]})' if paper else '-'} | {_f(sp.get('step_time_ms'))} | "
             f"{_f(sp.get('tokens_per_s'), '{:,.0f}')} | {_f(sp.get('peak_mem_gib'), '{:.2f}')} | "
