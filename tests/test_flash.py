@@ -190,6 +190,12 @@ def test_dropout_seeded_fresh_and_unbiased(device):
     assert abs(agree - ((1 - p) ** 2 + p ** 2)) < 0.01, agree
     agree_rows = (big[:, :, 8:] == big[:, :, :-8]).float().mean().item()
     assert abs(agree_rows - ((1 - p) ** 2 + p ** 2)) < 0.01, agree_rows
+    # Every pair of the eight values one call gives (queries r, r + 8 x keys c, c + 1, c + 8, c + 9) is
+    # uncorrelated: the keep flags of the 2 x 16 x 16 blocks, grouped by call, then the 8 x 8 correlations.
+    blocks = big[..., :288, :192].float().reshape(2, 3, 18, 2, 8, 12, 2, 4, 2)  # (.., a, rb, i, h, j, q, b)
+    calls = blocks.permute(0, 1, 2, 4, 5, 7, 3, 6, 8).reshape(-1, 8)  # one row per call, lanes (rb, j, b)
+    corr = torch.corrcoef(calls.T.cpu())
+    assert (corr - torch.eye(8)).abs().max().item() < 0.05, corr
 
 
 def _philox4x32_10(key: int, c0, c1, c2, c3):
