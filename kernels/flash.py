@@ -1107,8 +1107,13 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None,
             max_q: int, max_k: int, softmax_scale: float, causal: bool,
             dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, base-2 LSE, dropout seed). An op's outputs may not alias each other, so without dropout the
-    seed is a fresh zero tensor rather than a placeholder pointer."""
+    """(out, base-2 LSE, dropout seed)."""
+    return _op_fwd(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
+
+
+def _op_fwd(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
+    """The custom ops' forward. An op's outputs may not alias each other, so without dropout the seed is a
+    fresh zero tensor rather than a placeholder pointer."""
     o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k, max_q, max_k)
     if dropout_p == 0:
         seed = torch.zeros(1, dtype=torch.int64, device=q.device)
@@ -1159,10 +1164,7 @@ _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 def _fwd_qkv_op(qkv: torch.Tensor, cu: torch.Tensor | None, max_s: int, softmax_scale: float, causal: bool,
                 dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = qkv.unbind(dim=-3)
-    o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s)
-    if dropout_p == 0:  # as in _fwd_op: outputs may not alias each other
-        seed = torch.zeros(1, dtype=torch.int64, device=q.device)
-    return o, lse, seed
+    return _op_fwd(q, k, v, cu, cu, max_s, max_s, softmax_scale, causal, dropout_p)
 
 
 @_fwd_qkv_op.register_fake
@@ -1176,6 +1178,11 @@ def _fwd_qkv_fake(qkv, cu, max_s, softmax_scale, causal, dropout_p):
 def _bwd_qkv_op(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, seed: torch.Tensor,
                 cu: torch.Tensor | None, max_s: int, softmax_scale: float, causal: bool,
                 dropout_p: float) -> torch.Tensor:
+    return _bwd_packed(do, qkv, o, lse, seed, cu, max_s, softmax_scale, causal, dropout_p)
+
+
+def _bwd_packed(do, qkv, o, lse, seed, cu, max_s, softmax_scale, causal, dropout_p):
+    """dQ, dK, dV written into one gradient shaped like qkv."""
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     q, k, v = qkv.unbind(dim=-3)
     _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s,
@@ -1244,12 +1251,7 @@ class _EagerFlashQKV(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         qkv, o, lse, seed, cu = ctx.saved_tensors
-        max_s, softmax_scale, causal, dropout_p = ctx.args
-        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-        q, k, v = qkv.unbind(dim=-3)
-        _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s,
-                   out=dqkv.unbind(dim=-3))
-        return dqkv, None, None, None, None, None
+        return _bwd_packed(do, qkv, o, lse, seed, cu, *ctx.args), None, None, None, None, None
 
 
 def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):

@@ -50,40 +50,30 @@ def experiment_of(run_dir: Path) -> str | None:
     return None
 
 
-def recipe(name: str) -> dict:
-    """Steps and batch of the experiment file itself (what a complete run does)."""
-    from omegaconf import OmegaConf
-
-    e = OmegaConf.load(REPO / "configs" / "experiment" / "lra" / f"{name}.yaml")
-    return {"max_steps": int(e.trainer.max_steps), "batch": int(e.data.batch_size)}
-
-
 def read(run_dir: Path) -> dict | None:
+    """reproduce_lra's reading of a run folder (metrics of every call, steady speed, devices), plus the
+    experiment, its recipe and what that recipe would cost at the measured step time."""
     name = experiment_of(run_dir)
-    if name not in TITLES:
+    run = R.read_run(run_dir) if name in TITLES else None
+    if run is None:
         return None
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    kind = R.KIND_OF_CLASS.get((OmegaConf.select(cfg, "attn._target_") or "").rsplit(".", 1)[-1])
-    rows = sorted((r for f in R.metrics_files(run_dir) for r in R.read_metrics(f)), key=lambda r: r.get("step", 0))
-    val = {int(r["step"]): 100 * r["val/acc"] for r in rows if "val/acc" in r and "step" in r}
-    test = R.last_value(rows, "test/acc")
-    batch = OmegaConf.select(cfg, "global_batch_size") or OmegaConf.select(cfg, "data.batch_size")
-    rec = recipe(name)
-    speed = R.steady_speed(rows)
+    rec, speed = R.recipe(name), run["speed"]
+    batch = (run["micro_batch"] or 0) * run["accumulate"]
     hours = None
     if speed.get("step_time_ms") and batch:
-        hours = rec["max_steps"] * speed["step_time_ms"] * (rec["batch"] / int(batch)) / 3.6e6
-    calls = R.read_calls(run_dir) or []
-    return {"dir": rel(run_dir), "experiment": name, "kind": kind, "seed": OmegaConf.select(cfg, "seed"),
-            "steps_done": int(max((r.get("step", 0) for r in rows), default=0)),
-            "max_steps": OmegaConf.select(cfg, "trainer.max_steps"), "batch": batch,
+        hours = rec["max_steps"] * speed["step_time_ms"] * (rec["batch"] / batch) / 3.6e6
+    val = [(step, 100 * acc) for step, acc in run["val_curve"]]
+    return {"dir": rel(run_dir), "experiment": name, "kind": run["kind"], "seed": run["seed"],
+            "steps_done": run["steps_done"], "max_steps": run["max_steps"], "batch": batch,
             "recipe_steps": rec["max_steps"], "recipe_batch": rec["batch"],
-            "init_from": OmegaConf.select(cfg, "init_from"),
-            "val_curve": sorted(val.items()), "val_last": val[max(val)] if val else None,
-            "val_best": max(val.values()) if val else None, "test_acc": None if test is None else 100 * test,
-            "speed": speed, "recipe_gpu_hours": hours, "devices": R.run_devices(calls), "calls": len(calls)}
+            "init_from": OmegaConf.select(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), "init_from"),
+            "val_curve": val, "val_last": val[-1][1] if val else None,
+            "val_best": max(a for _, a in val) if val else None,
+            "test_acc": None if run["test_acc"] is None else 100 * run["test_acc"],
+            "speed": speed, "recipe_gpu_hours": hours, "devices": run["devices"],
+            "calls": len(R.read_calls(run_dir) or [])}
 
 
 def _f(x, fmt="{:.1f}"):

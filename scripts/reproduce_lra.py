@@ -120,12 +120,12 @@ SPEED_PREPARE = {
 # ---------------------------------------------------------------------------------------------- commands
 
 def recipe(task: str) -> dict:
-    """The experiment file's own step count, warmup and evaluation interval (no composition needed)."""
+    """The experiment file's own step count, batch, warmup and evaluation interval (no composition needed)."""
     from omegaconf import OmegaConf
 
     e = OmegaConf.load(REPO / "configs" / "experiment" / "lra" / f"{task}.yaml")
-    return {"max_steps": int(e.trainer.max_steps), "warmup_steps": int(e.scheduler.warmup_steps),
-            "eval_every_steps": int(e.get("eval_every_steps", 1000))}
+    return {"max_steps": int(e.trainer.max_steps), "batch": int(e.data.batch_size),
+            "warmup_steps": int(e.scheduler.warmup_steps), "eval_every_steps": int(e.get("eval_every_steps", 1000))}
 
 
 @functools.lru_cache(maxsize=None)  # read_run asks once per run folder; callers only read the dict

@@ -16,7 +16,7 @@ import longctx_runs as L  # noqa: E402
 def write_run(d: Path, experiment: str, cls: str, max_steps: int, batch: int, windows, vals, test=None):
     (d / ".hydra").mkdir(parents=True)
     cfg = {"seed": 1, "init_from": None, "attn": {"_target_": f"kernels.attention.{cls}"},
-           "data": {"batch_size": batch}, "trainer": {"max_steps": max_steps}}
+           "data": {"task": "pathfinder", "batch_size": batch}, "trainer": {"max_steps": max_steps}}
     OmegaConf.save(OmegaConf.create(cfg), d / ".hydra" / "config.yaml")
     OmegaConf.save(OmegaConf.create([f"experiment=lra/{experiment}", "init_from=null"]),
                    d / ".hydra" / "overrides.yaml")

@@ -15,6 +15,8 @@ sys.path.insert(0, "scripts"); sys.path.insert(0, ".")
 import triton
 import triton.language as tl
 
+import kernels.flash as F  # the committed stream's helpers (new7 reuses its _keep_halves)
+
 VARIANTS = ["none", "old", "new", "new7", "new8bit"]
 
 
@@ -37,12 +39,6 @@ def old_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _halves(x, drop_thresh):
-    return tl.join(((x & 0xFFFF).to(tl.int32) >= drop_thresh).to(tl.int8),
-                   ((x >> 16).to(tl.int32) >= drop_thresh).to(tl.int8))
-
-
-@triton.jit
 def new7_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
     BLOCK_M: tl.constexpr = rows.shape[0]
     pair = tl.min(rows, 0) // 2 + tl.arange(0, BLOCK_M // 2)
@@ -50,8 +46,8 @@ def new7_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
     c0 = group[None, :] + pair[:, None] * 0
     c1 = pair[:, None] + group[None, :] * 0
     x0, x1, x2, x3 = tl.philox(seed, c0, c1, c0 * 0 + bh, c0 * 0, 7)
-    k = tl.join(tl.join(_halves(x0, drop_thresh), _halves(x2, drop_thresh)),
-                tl.join(_halves(x1, drop_thresh), _halves(x3, drop_thresh)))
+    k = tl.join(tl.join(F._keep_halves(x0, drop_thresh), F._keep_halves(x2, drop_thresh)),
+                tl.join(F._keep_halves(x1, drop_thresh), F._keep_halves(x3, drop_thresh)))
     k = tl.reshape(k, (BLOCK_M // 16, 8, BLOCK_N // 16, 4, 2, 2, 2))
     k = tl.permute(k, (0, 5, 1, 2, 6, 3, 4))
     return tl.reshape(k, (BLOCK_M, BLOCK_N)) != 0
@@ -82,7 +78,6 @@ def new8bit_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
 
 
 def patch(variant):
-    import kernels.flash as F
     fn = {"old": old_tile, "new7": new7_tile, "new8bit": new8bit_tile}.get(variant)
     if fn is not None:
         F.__dict__["dropout_keep_tile"] = fn
