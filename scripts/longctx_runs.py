@@ -73,7 +73,20 @@ def read(run_dir: Path) -> dict | None:
             "val_best": max(a for _, a in val) if val else None,
             "test_acc": None if run["test_acc"] is None else 100 * run["test_acc"],
             "speed": speed, "recipe_gpu_hours": hours, "devices": run["devices"],
-            "calls": len(R.read_calls(run_dir) or [])}
+            "calls": len(R.read_calls(run_dir) or []),
+            "command": command(run_dir)}
+
+
+def command(run_dir: Path) -> str:
+    """The train/run.py command the run was started with: its overrides, then Hydra's own (the run folder)."""
+    from omegaconf import OmegaConf
+
+    args = [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
+    hydra = run_dir / ".hydra" / "hydra.yaml"
+    if hydra.exists():
+        args += [str(o) for o in OmegaConf.select(OmegaConf.load(hydra), "hydra.overrides.hydra") or []
+                 if not str(o).startswith("hydra.mode=")]
+    return "python train/run.py " + " ".join(args)
 
 
 def _f(x, fmt="{:.1f}"):
@@ -103,6 +116,8 @@ def markdown(runs: list[dict], meta: dict) -> str:
         curve = ", ".join(f"{s}: {a:.1f}" for s, a in r["val_curve"]) or "no evaluation yet"
         start = f"from {r['init_from']}" if r["init_from"] else "from scratch"
         lines.append(f"- `{r['dir']}` ({r['kind']}, {start}): {curve}")
+    lines += ["", "Each run's command (its .hydra/overrides.yaml; the same command resumes it in a later call):", ""]
+    lines += [f"- `{r['dir']}`: `{r['command']}`" for r in runs]
     lines += ["", "Curves: longctx_runs.png."]
     return "\n".join(lines) + "\n"
 

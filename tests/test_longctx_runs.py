@@ -59,6 +59,7 @@ def test_report_of_a_shortened_pathx_run_and_an_unfinished_path256_run(tmp_path)
     md = (out / "longctx_runs.md").read_text()
     assert "| 600 of 600 | 500,000 | 50.5 / 51.0 | 50.3 | 61.4 (flash) | 700.0 |" in md
     assert "194.4" in md and (out / "longctx_runs.png").exists()
+    assert "`python train/run.py experiment=lra/pathx init_from=null`" in md  # the command that resumes it
     assert json.loads((out / "longctx_runs.json").read_text())["runs"]
 
 
