@@ -52,6 +52,11 @@ class Attention(nn.Module):
             return self.forward_packed(q, k, v, packed, causal)
         return self.forward_padded(q, k, v, causal, key_padding_mask)
 
+    def score_fraction(self, seqlen: int) -> float:
+        """The part of a seqlen x seqlen score matrix this kind computes (before any causal mask): 1 for
+        dense kinds; what a model's FLOP count (and so MFU) multiplies its attention term by."""
+        return 1.0
+
     def forward_qkv(self, qkv: torch.Tensor, causal: bool = False, packed: PackedBatch | None = None):
         """Self-attention on a fused projection's output viewed per head: qkv (batch, seqlen, 3, nheads,
         headdim), or (total_tokens, 3, nheads, headdim) with `packed`. The same as
@@ -192,6 +197,10 @@ class BlockSparseAttention(Attention):
             self._LAYOUTS[key] = make_layout(self.pattern, seqlen_q, seqlen_k, self.block_size, device=device,
                                              **self.pattern_kwargs)
         return self._LAYOUTS[key]
+
+    def score_fraction(self, seqlen: int) -> float:
+        """The layout's density at seqlen: the blocks the kernel computes; skipped blocks are no FLOPs."""
+        return self.layout(seqlen, seqlen, "cpu").density()
 
     def forward_padded(self, q, k, v, causal, key_padding_mask):
         if key_padding_mask is not None:

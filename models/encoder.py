@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from kernels.padding import pad
-from models.layers import Embeddings, Transformer, gather_positions, pool, transformer_flops
+from models.layers import (Embeddings, Transformer, attention_score_fraction, gather_positions, pool,
+                           transformer_flops)
 
 
 def _default_attention(factory):
@@ -59,7 +60,8 @@ class _EncoderModel(nn.Module):
     def flops(self, tokens, sum_sq_len) -> float:
         """Training FLOPs of a batch of `tokens` real tokens whose lengths squared sum to sum_sq_len."""
         return transformer_flops(self.num_params(), self.n_layer, self.n_head, self.d_model // self.n_head,
-                                 tokens, sum_sq_len, causal=False)
+                                 tokens, sum_sq_len, causal=False,
+                                 score_fraction=attention_score_fraction(self, tokens, sum_sq_len))
 
 
 class EncoderForMaskedLM(_EncoderModel):

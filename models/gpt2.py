@@ -18,8 +18,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from models.layers import (Embeddings, Transformer, read_hf_config, read_hf_weights, rename_state_dict,
-                           transformer_flops, write_hf_folder)
+from models.layers import (Embeddings, Transformer, attention_score_fraction, read_hf_config, read_hf_weights,
+                           rename_state_dict, transformer_flops, write_hf_folder)
 
 
 @dataclass
@@ -119,7 +119,8 @@ class GPT2(nn.Module):
     def flops(self, tokens, sum_sq_len) -> float:
         """Training FLOPs of a batch of `tokens` tokens whose sequence lengths squared sum to sum_sq_len."""
         c = self.config
-        return transformer_flops(self.num_params(), c.n_layer, c.n_head, c.head_dim, tokens, sum_sq_len, causal=True)
+        return transformer_flops(self.num_params(), c.n_layer, c.n_head, c.head_dim, tokens, sum_sq_len, causal=True,
+                                 score_fraction=attention_score_fraction(self, tokens, sum_sq_len))
 
     # ---- HuggingFace checkpoint interchange -------------------------------------------------------
     def hf_state_dict(self) -> dict:

@@ -200,13 +200,28 @@ def gather_positions(hidden: torch.Tensor, packed: PackedBatch | None, positions
 
 # ---- accounting and checkpoints ------------------------------------------------------------------
 def transformer_flops(n_params: int, n_layer: int, n_head: int, head_dim: int, tokens, sum_sq_len,
-                      causal: bool) -> float:
+                      causal: bool, score_fraction: float = 1.0) -> float:
     """Training FLOPs (forward + backward) of a batch: 6 N per token for the weights (Kaplan et al.,
     2020) plus 12 L H Q T per token for attention scores and values (PaLM, appendix B), where a
     sequence of T tokens contributes T * T, so the batch term uses the sum of squared lengths. Causal
-    halves it: half the score matrix is masked and a kernel may skip it."""
-    attention = 12 * n_layer * n_head * head_dim * float(sum_sq_len)
+    halves it: half the score matrix is masked and a kernel may skip it. score_fraction: the part of
+    the score matrix the model's attention computes at all (block-sparse: its layout's density; see
+    attention_score_fraction), so that MFU counts the model's own work, never skipped blocks."""
+    attention = 12 * n_layer * n_head * head_dim * float(sum_sq_len) * score_fraction
     return 6.0 * n_params * float(tokens) + (attention / 2 if causal else attention)
+
+
+def attention_score_fraction(model: nn.Module, tokens, sum_sq_len) -> float:
+    """The score_fraction of transformer_flops for a batch: asked of the model's first attention core
+    (kernels.attention.Attention.score_fraction) at the batch's length-weighted mean sequence length,
+    sum_sq_len / tokens: exact when the sequences share one length (LRA, GPT-2), an estimate otherwise."""
+    from kernels.attention import Attention
+
+    core = next((m for m in model.modules() if isinstance(m, Attention)), None)
+    tokens, sum_sq_len = int(tokens), int(sum_sq_len)
+    if core is None or tokens == 0:
+        return 1.0
+    return core.score_fraction(max(1, round(sum_sq_len / tokens)))
 
 
 def resize_positions_2d(table: torch.Tensor, n: int, mode: str = "bicubic") -> torch.Tensor:

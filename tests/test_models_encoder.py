@@ -92,6 +92,18 @@ def test_flops_hand_computed():
     assert gpt.flops(32, 2 * 16 * 16) == 6 * gpt.num_params() * 32 + 6 * 2 * 4 * 8 * 512
 
 
+def test_flops_count_only_the_blocks_block_sparse_computes():
+    # local window 1, 4 blocks of 16: blocks kept (i, j) with |i - j| <= 1, 10 of 16; MFU counts those.
+    core = functools.partial(BlockSparseAttention, pattern="local", block_size=16, window=1)
+    model = SequenceClassifier(vocab_size=40, num_classes=3, max_positions=64, d_model=32, n_layer=2, n_head=4,
+                               attention_factory=core)
+    n = model.num_params()
+    assert model.flops(2 * 64, 2 * 64 * 64) == 6 * n * 128 + 12 * 2 * 4 * 8 * 2 * 64 * 64 * 10 / 16
+    dense = SequenceClassifier(vocab_size=40, num_classes=3, max_positions=64, d_model=32, n_layer=2, n_head=4,
+                               attention_factory=FlashAttention)
+    assert dense.flops(2 * 64, 2 * 64 * 64) == 6 * n * 128 + 12 * 2 * 4 * 8 * 2 * 64 * 64
+
+
 def test_too_long_input_names_the_limit():
     model = SequenceClassifier(vocab_size=40, num_classes=3, max_positions=16, d_model=32, n_layer=1, n_head=2)
     with pytest.raises(ValueError, match="exceeds the 16 positions"):
