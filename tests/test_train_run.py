@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = ["debug=smoke", "logger=csv", "trainer.enable_progress_bar=false"]
@@ -130,3 +131,25 @@ def test_profile_is_off_by_default_and_checks_its_window(embedded_data, tmp_path
     assert not (tmp_path / "profile.json").exists()
     with pytest.raises(ValueError, match="profile window"):
         StepProfiler(start=3, steps=0)
+
+
+def test_dropout_seed_changes_only_the_per_step_reseeding(embedded_data, tmp_path):
+    """dropout_seed feeds the per-step reseeding (the dropout masks); init and data order stay on seed."""
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, register_resolvers
+    from train.run import build
+
+    register_resolvers()
+    tasks = []
+    for extra in ([], ["dropout_seed=7"]):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=FAST + ["seed=3", f"output_dir={tmp_path}", *extra])
+        import lightning as L
+
+        L.seed_everything(cfg.seed)
+        _, task, _ = build(cfg)
+        tasks.append(task)
+    assert tasks[0].hparams.seed == 3 and tasks[1].hparams.seed == 7
+    first = [next(t.model.parameters()).detach() for t in tasks]
+    assert torch.equal(first[0], first[1])  # the same initial weights
