@@ -667,8 +667,10 @@ def markdown(summary: dict, meta: dict) -> str:
                       "compares on its prefix); the same kind across seeds is the run-to-run noise to judge the "
                       "kinds' gaps by. Later half: the mean signed difference (first run minus second) over the "
                       "later half of those evaluations, and of the training loss over the later half of the steps "
-                      "both logged (same seed: same initialisation and data order, so a gap that keeps its sign "
-                      "shows there):", "",
+                      "both logged. Same seed means the same initialisation and data order, not the same dropout "
+                      "masks: the kinds draw attention dropout differently, so the masks after it differ too, and "
+                      "`dropout_seed` (other masks, same init and data) is the noise to judge a same-seed gap by "
+                      "(LRA Image: results/lra/probes/image-dropout/):", "",
                   "| task | runs | seeds | evaluations | up to step | largest gap (points) | gap at the last | "
                   "later half, signed (points) | training loss, later half, signed |",
                   "|---|---|---|---:|---:|---:|---:|---:|---:|"]
