@@ -356,10 +356,11 @@ def read_calls(run_dir: Path) -> list[dict] | None:
 
 
 def run_devices(calls: list[dict] | None) -> list[str]:
-    """'<device>, <n> call(s), <first start> .. <last end>' per device of a run's calls.csv rows."""
+    """'<device>[, <software>], <n> call(s), <first start> .. <last end>' per device (and software, where
+    calls.csv records it) of a run's calls.csv rows."""
     by_device: dict = {}
     for r in calls or []:
-        by_device.setdefault(r["device"], []).append(r)
+        by_device.setdefault(", ".join(x for x in (r["device"], r.get("software")) if x), []).append(r)
     return [f"{d}, {len(rs)} call(s), {rs[0]['started_utc']} .. {rs[-1]['ended_utc'] or '?'}"
             for d, rs in by_device.items()]
 

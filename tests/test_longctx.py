@@ -189,7 +189,8 @@ def test_chained_run_equals_unsplit_run(tmp_path):
     assert [(c["call"], c["start_step"], c["end_step"], c["status"]) for c in calls] == [
         ("1", "0", "3", "stopped: max_steps"), ("2", "3", "6", "finished")]
     assert calls[0]["resumed_from"] == "" and calls[1]["resumed_from"].endswith("checkpoints/last.ckpt")
-    assert all(c["started_utc"] and c["ended_utc"] and float(c["wall_s"]) > 0 and c["device"] for c in calls)
+    assert all(c["started_utc"] and c["ended_utc"] and float(c["wall_s"]) > 0 and c["device"]
+               and c["software"].startswith("torch ") for c in calls)
     assert [c["status"] for c in rows(a / "calls.csv")] == ["finished"]
 
     # the curriculum through run.py: this 32x32 checkpoint starts a 64x64 model (positions 1,024 -> 4,096)

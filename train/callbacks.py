@@ -140,11 +140,23 @@ class SpeedMonitor(L.Callback):
         return out
 
 
+def _software() -> str:
+    """'torch X, triton Y' (triton absent on some CPU installs)."""
+    try:
+        import triton
+
+        return f"torch {torch.__version__}, triton {triton.__version__}"
+    except ImportError:
+        return f"torch {torch.__version__}"
+
+
 class CallLog(L.Callback):
     """Which optimizer steps each invocation (call) of a run covered, and chained runs.
 
     One row per call in `path` (<run dir>/calls.csv): call, start_step, end_step, steps, wall_s (training
-    time of the call), started_utc, ended_utc, status, resumed_from, device. The row is written when
+    time of the call), started_utc, ended_utc, status, resumed_from, device, software (torch and triton
+    versions: a run's numbers carry what produced them; calls.csv files from before have no such column,
+    and rewriting them leaves it empty for their old rows). The row is written when
     training starts, status "running" (a call killed from outside still shows where it began; the next
     call marks it "killed (no end recorded)"), and completed when training ends: "finished" (max_steps
     reached), "stopped: budget_s" / "stopped: max_steps" (this call's limits below), "interrupted"
@@ -159,7 +171,7 @@ class CallLog(L.Callback):
     """
 
     FIELDS = ("call", "start_step", "end_step", "steps", "wall_s", "started_utc", "ended_utc", "status",
-              "resumed_from", "device")
+              "resumed_from", "device", "software")
 
     def __init__(self, path: str, budget_s: float | None = None, max_steps: int | None = None,
                  resumed_from: str | None = None):
@@ -212,7 +224,8 @@ class CallLog(L.Callback):
         device = torch.cuda.get_device_name(pl_module.device) if pl_module.device.type == "cuda" else "cpu"
         self._row = {"call": len(rows) + 1, "start_step": trainer.global_step, "end_step": "", "steps": "",
                      "wall_s": "", "started_utc": self._now(), "ended_utc": "", "status": "running",
-                     "resumed_from": self.resumed_from or "", "device": f"{device} x {trainer.world_size}"}
+                     "resumed_from": self.resumed_from or "", "device": f"{device} x {trainer.world_size}",
+                     "software": _software()}
         self._write(rows + [self._row])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

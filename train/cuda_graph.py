@@ -14,8 +14,10 @@ What it needs, each checked with an error that says so:
 Gradients are added into tensors the parameters own (`_OwnGradients`), never the graph's buffers, so
 gradient accumulation and zeroing in place work as in eager mode.
 Dropout stays random: the graphs draw from torch's CUDA generator, which advances at every replay, and
-Task's per-step reseeding fixes each step's masks (they differ from the eager masks of the same seed; the
-generator's state is put back after the capture's warm-up runs, so the first step is no exception).
+Task's per-step reseeding fixes each step's masks (the generator's state is put back after the capture's
+warm-up runs, so the first step is no exception). On the H100, LRA Image's graphed and eager runs of the same
+seed took the same steps for 15,000 steps with both standard and flash attention (training losses within 0.0005:
+results/lra/probes/image-dropout/), i.e. the replays drew the eager run's masks.
 Evaluation (the module in eval mode) runs the plain model.
 """
 from __future__ import annotations
