@@ -13,7 +13,7 @@ Algorithm
 - Causal masking is bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). Tiles that
   are fully masked are skipped; only the tiles on the diagonal and at the sequence end pay for masking
   (two loop stages per kernel). A query row that sees no key gets O = 0, LSE = -inf, zero gradient.
-- Dropout is fused: a counter-based Philox4x32-10 stream keyed on a seed drawn from torch's generator on
+- Dropout is fused: a counter-based Philox4x32-7 stream keyed on a seed drawn from torch's generator on
   the inputs' device; one Philox call's four 32-bit outputs give eight 16-bit values (p quantised to
   1/65536) for a 2 x 4 set of scores: queries r, r + 8 and keys c, c + 1, c + 8, c + 9 (r % 16 < 8,
   c % 16 < 8, c even), the set one thread holds in the tensor-core accumulator layout, so the mask is
@@ -71,6 +71,13 @@ LN2 = 0.6931471805599453
 # ---------------------------------------------------------------------------------------------------
 
 
+# Philox rounds of the dropout stream: 7, as FlashAttention-2 draws its masks (csrc/flash_attn/src/philox.cuh: six
+# rounds and a final one). Salmon et al. (SC'11, "Parallel Random Numbers: As Easy as 1, 2, 3") find Philox4x32
+# Crush-resistant from 7 rounds and default to 10 as a safety margin; 7 instead of 10 took 17% off what
+# dropout adds to our forward+backward at the GPT-2 shape and 18% at Path-X's (results/attention/dropout_variants/).
+PHILOX_ROUNDS: tl.constexpr = 7
+
+
 @triton.jit
 def dropout_keep(seed, bh, rows, cols, drop_thresh):
     """Dropout keep-mask for query indices `rows` and key indices `cols` of head `bh` (any shapes).
@@ -79,7 +86,7 @@ def dropout_keep(seed, bh, rows, cols, drop_thresh):
     seed: int64 scalar (the value loaded from the seed tensor); bh: batch * nheads + query head;
     rows, cols: int32 index tensors that broadcast against each other (rows[:, None], cols[None, :]
     gives an (M, N) mask; rows[None, :], cols[:, None] its transpose); drop_thresh: int in [0, 2^16),
-    round(dropout_p * 2^16). The stream: (x0, x1, x2, x3) = Philox4x32-10(key = seed; counter =
+    round(dropout_p * 2^16). The stream: (x0, x1, x2, x3) = Philox4x32-7(key = seed; counter =
     (4 (col // 16) + (col % 8) // 2, 8 (row // 16) + row % 8, bh, 0)); element (row, col) takes the
     16-bit half col % 2 (0: low bits, 1: high bits) of x_(2 ((row // 8) % 2) + (col // 8) % 2) and is
     kept iff that value is >= drop_thresh, so P(keep) = 1 - p with p quantised to 1/65536. One call
@@ -94,7 +101,7 @@ def dropout_keep(seed, bh, rows, cols, drop_thresh):
     c0 = ((cols >> 4) << 2) + ((cols >> 1) & 3) + rows * 0
     c1 = ((rows >> 4) << 3) + (rows & 7) + cols * 0
     c2 = c0 * 0 + bh
-    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0)
+    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c2, c0 * 0, PHILOX_ROUNDS)
     lane = ((rows >> 3) & 1) * 2 + ((cols >> 3) & 1)
     r = tl.where(lane == 0, x0, tl.where(lane == 1, x1, tl.where(lane == 2, x2, x3)))
     r16 = tl.where((cols & 1) == 0, r & 0xFFFF, r >> 16).to(tl.int32)
@@ -118,7 +125,7 @@ def dropout_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.conste
     group = start_col // 4 + tl.arange(0, BLOCK_N // 4)       # 4 (col // 16) + (col % 8) // 2
     c0 = group[None, :] + pair[:, None] * 0
     c1 = pair[:, None] + group[None, :] * 0
-    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c0 * 0 + bh, c0 * 0)
+    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c0 * 0 + bh, c0 * 0, PHILOX_ROUNDS)
     # Lane x_(2 rb + j), half b: join to (pair, group, b, rb, j), split pair = (row block a, i) and group =
     # (col block h, q), then order as row = 16 a + 8 rb + i, col = 16 h + 8 j + 2 q + b.
     k = tl.join(tl.join(_keep_halves(x0, drop_thresh), _keep_halves(x2, drop_thresh)),

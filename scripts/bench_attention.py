@@ -155,7 +155,7 @@ def dropout_markdown(rows, meta):
     ref = {(r["provider"], r["dropout"]): r for r in rows}
     lines = markdown_header("Fused dropout at the GPT-2 small attention shape", meta) + [
         "B 16, N 1024, H 12, D 64, causal, bf16; median ms of triton.testing.do_bench (forward under no_grad; "
-        "forward+backward = autograd.grad of q, k, v). Ours draws the mask with one Philox4x32-10 call per 2 x 4 "
+        "forward+backward = autograd.grad of q, k, v). Ours draws the mask with one Philox4x32-7 call per 2 x 4 "
         "scores in the scores' own register layout (kernels/flash.py, dropout_keep); sdpa_default: the backend PyTorch picks itself (what attn=sdpa runs); "
         "every provider autotuned / run in this process.", "",
         "| provider | dropout | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | dropout cost fwd (ms) | dropout cost fwd+bwd (ms) |",

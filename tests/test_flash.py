@@ -12,8 +12,9 @@ import triton
 import triton.language as tl
 
 from kernels.attention import FlashAttention, StandardAttention
-from kernels.flash import (dropout_keep, dropout_keep_mask, dropout_keep_tile, draw_dropout_seed, flash_attn_func,
-                           flash_attn_qkvpacked_func, flash_attn_varlen_func, flash_attn_varlen_qkvpacked_func)
+from kernels.flash import (PHILOX_ROUNDS, dropout_keep, dropout_keep_mask, dropout_keep_tile, draw_dropout_seed,
+                           flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
+                           flash_attn_varlen_qkvpacked_func)
 from kernels.standard import standard_attention
 
 FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -198,14 +199,14 @@ def test_dropout_seeded_fresh_and_unbiased(device):
     assert (corr - torch.eye(8)).abs().max().item() < 0.05, corr
 
 
-def _philox4x32_10(key: int, c0, c1, c2, c3):
-    """Philox4x32-10 (Salmon et al., SC'11) in numpy uint64 arithmetic: the documented mask's reference."""
+def _philox4x32(key: int, c0, c1, c2, c3, rounds: int):
+    """Philox4x32-R (Salmon et al., SC'11) in numpy uint64 arithmetic: the documented mask's reference."""
     import numpy as np
     m32 = np.uint64(0xFFFFFFFF)
     c = [np.asarray(x, dtype=np.uint64) & m32 for x in (c0, c1, c2, c3)]
     k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
     ma, mb = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
-    for _ in range(10):
+    for _ in range(rounds):
         pa, pb = ma * c[0], mb * c[2]
         c = [(pb >> np.uint64(32)) ^ c[1] ^ k0, pb & m32, (pa >> np.uint64(32)) ^ c[3] ^ k1, pa & m32]
         k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
@@ -213,14 +214,15 @@ def _philox4x32_10(key: int, c0, c1, c2, c3):
 
 
 def test_dropout_mask_is_the_documented_philox_stream(device):
-    """dropout_keep's documented stream: x = Philox(seed; 4 (key // 16) + (key % 8) // 2, 8 (query // 16) +
+    """dropout_keep's documented stream: x = Philox4x32-7(seed; 4 (key // 16) + (key % 8) // 2, 8 (query // 16) +
     query % 8, bh, 0); (query, key) takes the 16-bit half key % 2 (low, high) of x[2 ((query // 8) % 2) +
     (key // 8) % 2]."""
     import numpy as np
     seed, bsz, h, nq, nk, p = 0x0123456789AB, 2, 3, 19, 37, 0.4
     mask = dropout_keep_mask(torch.tensor([seed], device=device), bsz, h, nq, nk, p).cpu().numpy()
     bh, row, col = np.meshgrid(np.arange(bsz * h), np.arange(nq), np.arange(nk), indexing="ij")
-    x = _philox4x32_10(seed, 4 * (col // 16) + (col % 8) // 2, 8 * (row // 16) + row % 8, bh, np.zeros_like(col))
+    assert PHILOX_ROUNDS == 7  # FlashAttention-2's count; changing it changes every mask drawn for a seed
+    x = _philox4x32(seed, 4 * (col // 16) + (col % 8) // 2, 8 * (row // 16) + row % 8, bh, np.zeros_like(col), 7)
     r = np.choose(2 * ((row // 8) % 2) + (col // 8) % 2, x)
     half = (r >> (np.uint64(16) * (col % 2).astype(np.uint64))) & np.uint64(0xFFFF)
     expect = half >= np.uint64(round(p * 2**16))

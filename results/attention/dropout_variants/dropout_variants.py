@@ -7,7 +7,8 @@ Path-X's model), FLASH_AUTOTUNE=0 configs. Each variant runs in its own process
     python results/attention/dropout_variants/dropout_variants.py --sass  # CPU: static SASS totals (sm_90)
 
 Variants: none (p = 0); old (8 consecutive keys per Philox call, interleaved: the stream before 05a380c);
-new (the committed stream: 2 x 4 scores per call in the MMA layout); new7 (same, Philox 7 rounds);
+new (the committed stream: 2 x 4 scores per call in the MMA layout, Philox 7 rounds since 2026-11-26);
+new10 (the same with 10 rounds: the committed stream of e0a92e6, measured as `new` then; its 7-round form was `new7`);
 new8bit (2 x 8 scores per call, 8-bit values, 32-key period: half the Philox calls, p quantised to 1/256).
 Only new draws the documented mask; the others are timing experiments."""
 import json, math, os, subprocess, sys
@@ -15,9 +16,9 @@ sys.path.insert(0, "scripts"); sys.path.insert(0, ".")
 import triton
 import triton.language as tl
 
-import kernels.flash as F  # the committed stream's helpers (new7 reuses its _keep_halves)
+import kernels.flash as F  # the committed stream's helpers (new10 reuses its _keep_halves)
 
-VARIANTS = ["none", "old", "new", "new7", "new8bit"]
+VARIANTS = ["none", "old", "new", "new10", "new8bit"]
 
 
 @triton.jit
@@ -39,13 +40,13 @@ def old_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def new7_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
+def new10_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
     BLOCK_M: tl.constexpr = rows.shape[0]
     pair = tl.min(rows, 0) // 2 + tl.arange(0, BLOCK_M // 2)
     group = start_col // 4 + tl.arange(0, BLOCK_N // 4)
     c0 = group[None, :] + pair[:, None] * 0
     c1 = pair[:, None] + group[None, :] * 0
-    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c0 * 0 + bh, c0 * 0, 7)
+    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c0 * 0 + bh, c0 * 0, 10)
     k = tl.join(tl.join(F._keep_halves(x0, drop_thresh), F._keep_halves(x2, drop_thresh)),
                 tl.join(F._keep_halves(x1, drop_thresh), F._keep_halves(x3, drop_thresh)))
     k = tl.reshape(k, (BLOCK_M // 16, 8, BLOCK_N // 16, 4, 2, 2, 2))
@@ -78,7 +79,7 @@ def new8bit_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
 
 
 def patch(variant):
-    fn = {"old": old_tile, "new7": new7_tile, "new8bit": new8bit_tile}.get(variant)
+    fn = {"old": old_tile, "new10": new10_tile, "new8bit": new8bit_tile}.get(variant)
     if fn is not None:
         F.__dict__["dropout_keep_tile"] = fn
     return F
