@@ -75,7 +75,7 @@ LN2 = 0.6931471805599453
 # rounds and a final one). Salmon et al. (SC'11, "Parallel Random Numbers: As Easy as 1, 2, 3") find Philox4x32
 # Crush-resistant from 7 rounds and default to 10 as a safety margin; 7 instead of 10 took 17% off what
 # dropout adds to our forward+backward at the GPT-2 shape and 18% at Path-X's (results/attention/dropout_variants/).
-PHILOX_ROUNDS: tl.constexpr = 7
+PHILOX_ROUNDS = tl.constexpr(7)
 
 
 @triton.jit

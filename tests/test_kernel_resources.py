@@ -14,10 +14,12 @@ TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 
 @pytest.mark.skipif(not os.path.exists(TOOL), reason="triton wheel without cuobjdump")
 def test_resources_of_one_config():
+    # With dropout: the interpreter runs code a real compile refuses (a global that is only annotated
+    # constexpr), so the CPU suite compiles the dropout path too.
     code = (
         "import json, sys; sys.path.insert(0, 'scripts'); import kernel_resources as R, kernels.flash as F; "
         "c = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=32, IS_CAUSAL=True, VARLEN=False, "
-        "HAS_DROPOUT=False, REVERSE=False); r = R.resources(F._fwd_kernel, c, 4, 2, sass=True); "
+        "HAS_DROPOUT=True, REVERSE=False); r = R.resources(F._fwd_kernel, c, 4, 2, sass=True); "
         "print(json.dumps({**r, 'ops': dict(r['ops'])}))"
     )
     # Compiling needs real @triton.jit functions, not the interpreter's stand-ins.
