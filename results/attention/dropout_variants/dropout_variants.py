@@ -16,7 +16,7 @@ sys.path.insert(0, "scripts"); sys.path.insert(0, ".")
 import triton
 import triton.language as tl
 
-import kernels.flash as F  # the committed stream's helpers (new10 reuses its _keep_halves)
+import kernels.flash as F  # the committed stream's helpers
 
 VARIANTS = ["none", "old", "new", "new10", "new8bit"]
 
@@ -37,21 +37,6 @@ def old_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
     k0, k1 = _old_halves(x0, drop_thresh), _old_halves(x1, drop_thresh)
     k2, k3 = _old_halves(x2, drop_thresh), _old_halves(x3, drop_thresh)
     return tl.interleave(tl.interleave(k0, k2), tl.interleave(k1, k3)) != 0
-
-
-@triton.jit
-def new10_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
-    BLOCK_M: tl.constexpr = rows.shape[0]
-    pair = tl.min(rows, 0) // 2 + tl.arange(0, BLOCK_M // 2)
-    group = start_col // 4 + tl.arange(0, BLOCK_N // 4)
-    c0 = group[None, :] + pair[:, None] * 0
-    c1 = pair[:, None] + group[None, :] * 0
-    x0, x1, x2, x3 = tl.philox(seed, c0, c1, c0 * 0 + bh, c0 * 0, 10)
-    k = tl.join(tl.join(F._keep_halves(x0, drop_thresh), F._keep_halves(x2, drop_thresh)),
-                tl.join(F._keep_halves(x1, drop_thresh), F._keep_halves(x3, drop_thresh)))
-    k = tl.reshape(k, (BLOCK_M // 16, 8, BLOCK_N // 16, 4, 2, 2, 2))
-    k = tl.permute(k, (0, 5, 1, 2, 6, 3, 4))
-    return tl.reshape(k, (BLOCK_M, BLOCK_N)) != 0
 
 
 @triton.jit
@@ -79,9 +64,11 @@ def new8bit_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
 
 
 def patch(variant):
-    fn = {"old": old_tile, "new10": new10_tile, "new8bit": new8bit_tile}.get(variant)
+    fn = {"old": old_tile, "new8bit": new8bit_tile}.get(variant)
     if fn is not None:
         F.__dict__["dropout_keep_tile"] = fn
+    if variant == "new10":  # the committed tile with 10 rounds (set before anything compiles)
+        F.PHILOX_ROUNDS = tl.constexpr(10)
     return F
 
 

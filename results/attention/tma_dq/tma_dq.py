@@ -2,16 +2,15 @@
 buffer through TMA reduce-add (tensor descriptor atomic_add, Triton 3.6), 5 matmuls per tile pair, against the
 shipped two-kernel backward (7 matmuls). Dense, no dropout, no GQA, head dim 128, bf16, seqlen a multiple of 128.
 `python tma_dq.py compile` only compiles for sm_90 (CPU) and prints registers / spills."""
-import os, re, subprocess, sys, tempfile
+import os, sys
 sys.path.insert(0, ".")
 import torch
 import triton
-import triton.language as tl
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The kernel as first measured, now with a dropout option (off here): tma_dq_dropout.py holds it.
-from tma_dq_dropout import _bwd_tma_dq  # noqa: E402
+from tma_dq_dropout import _bwd_tma_dq, compile_stats  # noqa: E402
 
 HD = int(os.environ.get("HD", "128"))
 CONFIGS = ([(32, 128, 8, 2), (64, 64, 8, 2), (64, 128, 8, 2), (64, 128, 8, 3)] if HD == 128 else
@@ -22,28 +21,9 @@ SHAPES = ([(4, 4096, 16, False), (4, 4096, 16, True), (16, 1024, 16, False), (16
 
 
 def compile_only():
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    names = _bwd_tma_dq.arg_names
     for causal in (False, True):
-        for m, n, w, s in CONFIGS:
-            consts = dict(HEAD_DIM=HD, BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=causal, HAS_DROPOUT=False, USE_TMA=True)
-            sig = {a: ("constexpr" if a in consts else "*fp32" if a in ("DQA", "LSE", "DELTA") else "*i64" if a == "SEED" else "*bf16"
-                       if a.isupper() else "fp32" if "scale" in a else "i32") for a in names}
-            attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if sig[a].startswith("*") or a.startswith(("stride", "seqlen"))}
-            src = ASTSource(fn=_bwd_tma_dq, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-            try:
-                c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": s})
-                tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                    f.write(c.asm["cubin"]); f.flush()
-                    out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-                r = re.search(r"REG:(\d+) STACK:(\d+)", out)
-                print(f"causal={causal} {(m, n, w, s)}: regs {r.group(1)} stack {r.group(2)} smem {c.metadata.shared} "
-                      f"tma-reduce {'cp.reduce.async.bulk.tensor' in c.asm['ptx']}", flush=True)
-            except Exception as e:
-                print(f"causal={causal} {(m, n, w, s)}: FAILED {type(e).__name__} {str(e).splitlines()[-1][:150] if str(e) else ''}")
-
+        for cfg in CONFIGS:
+            print(f"causal={causal} {cfg}: {compile_stats(HD, cfg, causal, False)}", flush=True)
 
 def main():
     from triton.testing import do_bench

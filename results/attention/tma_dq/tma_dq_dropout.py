@@ -73,34 +73,39 @@ CONFIGS = {64: [(64, 128, 8, 2), (64, 128, 8, 3), (64, 64, 4, 3), (128, 128, 8, 
            16: [(64, 128, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 8, 3)]}
 
 
-def compile_only():
+def compile_stats(hd, cfg, causal, dropout) -> str:
+    """'regs R stack S smem M tma-reduce B' of one config compiled for sm_90 (CPU), or 'FAILED ...'."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    m, n, w, s = cfg
     names = _bwd_tma_dq.arg_names
+    consts = dict(HEAD_DIM=hd, BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=causal, HAS_DROPOUT=dropout, USE_TMA=True)
+    sig = {a: ("constexpr" if a in consts else "*fp32" if a in ("DQA", "LSE", "DELTA") else "*i64"
+               if a == "SEED" else "*bf16" if a.isupper() else "fp32" if "scale" in a else "i32")
+           for a in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
+             if sig[a].startswith("*") or a.startswith(("stride", "seqlen"))}
+    src = ASTSource(fn=_bwd_tma_dq, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs=attrs)
+    try:
+        c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": s})
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(c.asm["cubin"]); f.flush()
+            out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        r = re.search(r"REG:(\d+) STACK:(\d+)", out)
+        return (f"regs {r.group(1)} stack {r.group(2)} smem {c.metadata.shared} "
+                f"tma-reduce {'cp.reduce.async.bulk.tensor' in c.asm['ptx']}")
+    except Exception as e:
+        return f"FAILED {type(e).__name__} {str(e).splitlines()[-1][:150] if str(e) else ''}"
+
+
+def compile_only():
     for hd in sorted(CONFIGS):
         for causal, dropout in ((False, False), (False, True), (True, True)):
-            for m, n, w, s in CONFIGS[hd]:
-                consts = dict(HEAD_DIM=hd, BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=causal, HAS_DROPOUT=dropout, USE_TMA=True)
-                sig = {a: ("constexpr" if a in consts else "*fp32" if a in ("DQA", "LSE", "DELTA") else "*i64"
-                           if a == "SEED" else "*bf16" if a.isupper() else "fp32" if "scale" in a else "i32")
-                       for a in names}
-                attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
-                         if sig[a].startswith("*") or a.startswith(("stride", "seqlen"))}
-                src = ASTSource(fn=_bwd_tma_dq, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
-                                attrs=attrs)
-                tag = f"hd{hd} causal={causal} dropout={dropout} {(m, n, w, s)}"
-                try:
-                    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": w, "num_stages": s})
-                    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-                    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                        f.write(c.asm["cubin"]); f.flush()
-                        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-                    r = re.search(r"REG:(\d+) STACK:(\d+)", out)
-                    print(f"{tag}: regs {r.group(1)} stack {r.group(2)} smem {c.metadata.shared} "
-                          f"tma-reduce {'cp.reduce.async.bulk.tensor' in c.asm['ptx']}", flush=True)
-                except Exception as e:
-                    print(f"{tag}: FAILED {type(e).__name__} {str(e).splitlines()[-1][:150] if str(e) else ''}")
-
+            for cfg in CONFIGS[hd]:
+                print(f"hd{hd} causal={causal} dropout={dropout} {cfg}: {compile_stats(hd, cfg, causal, dropout)}",
+                      flush=True)
 
 def main():
     from triton.testing import do_bench_cudagraph
