@@ -15,6 +15,7 @@ from kernels.blocksparse import (
     tile_categories,
 )
 from kernels.flash import draw_dropout_seed, dropout_keep_mask, flash_attn_func
+from tests.test_flash import skip_tf32
 
 
 def rand_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, d, dtype, device, seed=0):
@@ -31,7 +32,7 @@ def run(fn, q, k, v, do):
 
 def check_against_reference(q, k, v, layout, block_size, causal, dropout_mask=None, dropout_p=0.0, floor=None):
     """Kernel error vs float64 <= 2x (output) / 3x (grads) the same-dtype PyTorch error + a floor."""
-    _skip_tf32(q)
+    skip_tf32(q)
     do = torch.randn_like(q)
     ours = run(lambda a, b, c: _seeded(blocksparse_attn_func, a, b, c, layout, block_size, causal, dropout_p),
                q, k, v, do)
@@ -51,13 +52,6 @@ def check_against_reference(q, k, v, layout, block_size, causal, dropout_mask=No
         base = (s.double() - r).abs().max().item()
         assert err <= mult * base + floor, f"{name}: error {err:.3g} > {mult} x {base:.3g} + {floor}"
     return ours, ref
-
-
-def _skip_tf32(q):
-    if q.is_cuda and q.dtype == torch.float32:
-        # On the GPU the kernels' float32 dots run in tf32, an error PyTorch's float32 cannot bound (as in
-        # tests/test_flash.py); the float16 cases of the same test check the GPU.
-        pytest.skip("float32 accuracy is checked under the interpreter; on the GPU it runs tf32 dots")
 
 
 def _seeded(fn, q, k, v, layout, block_size, causal, dropout_p):
@@ -228,7 +222,7 @@ def test_varlen_matches_per_sequence_reference(case, dtype, device):
     layout = S.random(padded, padded, bs, 0.5, nheads=h if per_head else 1, seed=9)
     layout.blocks[0, 1] = False  # an empty row for the sequences that reach it
     q, k, v, cu = varlen_case(lengths, h, hk, d, dtype, device)
-    _skip_tf32(q)
+    skip_tf32(q)
     do = torch.randn_like(q)
     n = max(lengths)
     ours = run(lambda a, b, c: blocksparse_attn_varlen_func(a, b, c, layout, cu, cu, n, n, causal=causal),
