@@ -15,6 +15,7 @@ from kernels.blocksparse import (
     tile_categories,
 )
 from kernels.flash import draw_dropout_seed, dropout_keep_mask, flash_attn_func
+from kernels.launch import _interpreting
 from tests.test_flash import skip_tf32
 
 
@@ -130,7 +131,10 @@ def test_dropout_matches_reference_and_flash(device):
     a = blocksparse_attn_func(q, k, v, full, dropout_p=p)
     torch.manual_seed(99)
     b = flash_attn_func(q, k, v, dropout_p=p)
-    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)  # same tiles, same order: equal in either dtype
+    # Under the interpreter both kernels run the same 16 x 16 tiles: equal. On the GPU their tiles differ, so the
+    # float16 P is rounded at other running maxima (~1 ulp of O); a different mask would be off by ~0.1.
+    tol = dict(atol=1e-6, rtol=1e-5) if _interpreting() else dict(atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(a, b, **tol)
 
 
 def test_patterns_and_layout_object(device):
