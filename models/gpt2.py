@@ -4,7 +4,9 @@ Pre-LayerNorm blocks, GELU (tanh), learned positions, tied input/output embeddin
 projections initialised with std 0.02 / sqrt(2 * n_layer). `GPT2.from_pretrained(folder)` reads a
 `transformers.GPT2LMHeadModel` checkpoint and `save_pretrained(folder)` writes one HF reads back: the
 HF names (transformer.h.{i}.attn.c_attn, ...) and HF's (in, out) Conv1D weights are mapped to the
-shared blocks' names and nn.Linear layout by `hf_state_dict` / `_from_hf_state_dict`.
+shared blocks' names and nn.Linear layout by `hf_state_dict` / `_from_hf_state_dict`. The embedding
+table has padding rows up to a multiple of 128 (`pad_vocab_multiple`, for the LM head's matmul);
+checkpoints in and out hold the real vocabulary only.
 
 Attention is injected: `attention_factory(dropout=p)` builds one core per layer (a
 `kernels.attention` class, chosen by `configs/attn/*.yaml`); every layer calls it with causal=True.
@@ -34,13 +36,23 @@ class GPT2Config:
     resid_pdrop: float = 0.1
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
+    # Not HF's: the embedding table gets rows up to a multiple of this, so that the LM head's matmul has aligned
+    # shapes. 50,257 columns send cuBLAS to an unaligned kernel that took ~30 of a 77 ms training step (H200
+    # profile, results/training/profile_flash_vs_sdpa/); the extra logits are sliced off before anyone sees them.
+    pad_vocab_multiple: int = 128
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def padded_vocab_size(self) -> int:
+        m = max(1, self.pad_vocab_multiple)
+        return -(-self.vocab_size // m) * m
+
     def to_hf_dict(self) -> dict:
         d = asdict(self)
+        d.pop("pad_vocab_multiple")
         d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], activation_function="gelu_new",
                  n_inner=None, tie_word_embeddings=True)
         return d
@@ -86,11 +98,11 @@ class GPT2(nn.Module):
 
             attention_factory = StandardAttention
         c = self.config = config
-        self.embed = Embeddings(c.vocab_size, c.n_embd, c.n_positions, dropout=c.embd_pdrop)
+        self.embed = Embeddings(c.padded_vocab_size, c.n_embd, c.n_positions, dropout=c.embd_pdrop)
         self.transformer = Transformer(c.n_layer, c.n_embd, c.n_head, attention_factory, final_norm=True,
                                        layer_norm_eps=c.layer_norm_epsilon, prenorm=True, activation="gelu_tanh",
                                        attn_dropout=c.attn_pdrop, resid_dropout=c.resid_pdrop)
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head = nn.Linear(c.n_embd, c.padded_vocab_size, bias=False)
         self.lm_head.weight = self.embed.word.weight  # tied
         self.apply(self._init_weights)
         # Two residual branches per block add up, so their output projections start smaller (GPT-2 paper).
@@ -109,11 +121,13 @@ class GPT2(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x, _ = self.transformer(self.embed(input_ids), causal=True)
-        return self.lm_head(x)
+        # The padding rows' logits are dropped here: they never reach a loss, so their rows get no gradient.
+        return self.lm_head(x)[..., : self.config.vocab_size]
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Parameter count (tied embeddings counted once); the 6N of the FLOP estimate excludes wpe."""
-        n = sum(p.numel() for p in self.parameters())
+        c = self.config
+        n = sum(p.numel() for p in self.parameters()) - (c.padded_vocab_size - c.vocab_size) * c.n_embd
         return n - self.embed.position.weight.numel() if exclude_position_embeddings else n
 
     def flops(self, tokens, sum_sq_len) -> float:
@@ -126,6 +140,8 @@ class GPT2(nn.Module):
     def hf_state_dict(self) -> dict:
         """The state dict under GPT2LMHeadModel's names and layouts (lm_head.weight included, tied)."""
         state = rename_state_dict(self.state_dict(), _HF_NAMES)
+        for k in ("transformer.wte.weight", "lm_head.weight"):  # without the padding rows
+            state[k] = state[k][: self.config.vocab_size]
         return {k: (v.t() if k.endswith(_HF_CONV1D) else v) for k, v in state.items()}
 
     def _from_hf_state_dict(self, state: dict) -> dict:
@@ -142,6 +158,9 @@ class GPT2(nn.Module):
         missing = sorted(set(ours_of.values()) - set(out))
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match GPT-2: missing {missing}, unexpected {unexpected}")
+        for k in ("embed.word.weight", "lm_head.weight"):  # zero padding rows, as many as this model has
+            w = out[k]
+            out[k] = torch.cat([w, w.new_zeros(self.config.padded_vocab_size - w.shape[0], w.shape[1])])
         return out
 
     @classmethod

@@ -103,3 +103,22 @@ def test_standard_and_sdpa_agree_and_are_causal():
 def test_too_long_input_fails():
     with pytest.raises(ValueError, match="exceeds the 32 positions"):
         GPT2(**TINY)(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_vocab_padding_is_invisible(tmp_path):
+    """The padding rows (for an aligned LM-head matmul) change no logit, get no gradient, and never leave the model."""
+    m = GPT2(**TINY)
+    assert m.embed.word.weight.shape[0] == 128 and m.config.padded_vocab_size == 128
+    x = torch.randint(0, TINY["vocab_size"], (2, 9))
+    logits = m(x)
+    assert logits.shape == (2, 9, TINY["vocab_size"])
+    logits.float().logsumexp(-1).sum().backward()
+    assert m.embed.word.weight.grad[TINY["vocab_size"]:].abs().sum() == 0
+    assert m.embed.word.weight.grad[: TINY["vocab_size"]].abs().sum() > 0
+    m.save_pretrained(str(tmp_path))
+    unpadded = GPT2.from_pretrained(str(tmp_path), pad_vocab_multiple=1).eval()
+    assert unpadded.embed.word.weight.shape[0] == TINY["vocab_size"]
+    assert "pad_vocab_multiple" not in m.config.to_hf_dict()
+    with torch.no_grad():
+        torch.testing.assert_close(unpadded(x), m.eval()(x))
+    assert m.num_params() == unpadded.num_params()
