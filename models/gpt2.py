@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from kernels.cross_entropy import linear_cross_entropy
 from models.layers import (Embeddings, Transformer, attention_score_fraction, read_hf_config, read_hf_weights,
                            rename_state_dict, transformer_flops, write_hf_folder)
 
@@ -86,6 +87,7 @@ class GPT2(nn.Module):
     """GPT-2 language model: input_ids (batch, seqlen) -> logits (batch, seqlen, vocab)."""
 
     causal = True
+    fuses_loss = True  # forward(input_ids, targets) returns the loss (LMTask uses it)
 
     def __init__(self, config: GPT2Config | None = None, attention_factory: Callable | None = None, **kwargs):
         super().__init__()
@@ -119,8 +121,12 @@ class GPT2(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (batch, seqlen, vocab); with targets (batch, seqlen), the mean cross-entropy instead, through the
+        fused LM-head loss (kernels/cross_entropy.py), which never makes float32 logits."""
         x, _ = self.transformer(self.embed(input_ids), causal=True)
+        if targets is not None:
+            return linear_cross_entropy(x, self.lm_head.weight, targets, vocab_size=self.config.vocab_size)
         # The padding rows' logits are dropped here: they never reach a loss, so their rows get no gradient.
         return self.lm_head(x)[..., : self.config.vocab_size]
 

@@ -198,8 +198,11 @@ class LMTask(Task):
 
     def training_step(self, batch, batch_idx):
         x, y = batch[:, :-1], batch[:, 1:]
-        logits = self.run_model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+        if getattr(self.model, "fuses_loss", False):  # GPT2: the loss without float32 logits
+            loss = self.run_model(x, y)
+        else:
+            logits = self.run_model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
         if self.logs_this_step():
             self.log("train/loss", loss, prog_bar=True)
         return loss
