@@ -258,6 +258,32 @@ def plot(rows, path):
     fig.savefig(path, dpi=110)
 
 
+def merge(args):
+    parts = [json.load(open(f)) for f in args.merge]
+    gpus = {p.get("gpu") for p in parts}
+    if len(gpus) != 1:
+        raise SystemExit(f"the parts ran on different GPUs ({sorted(map(str, gpus))}): ratios across them mean nothing")
+    meta = {k: v for k, v in parts[0].items() if k not in ("rows", "autotune")}
+    meta["parts"] = [{k: p.get(k) for k in ("command", "date", "seconds")} for p in parts]
+    meta["command"] = " ; ".join(p["command"] for p in parts) + " ; then " + run_metadata(device=False)["command"]
+    meta["date"] = " / ".join(p["date"] for p in parts)
+    meta["autotune"] = [p.get("autotune") for p in parts]
+    rows = [r for p in parts for r in p["rows"]]
+    base = os.path.join(args.out, args.tag)
+    with open(base + ".json", "w") as f:
+        json.dump({**meta, "rows": rows}, f, indent=1)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(base + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    ok = [r for r in rows if "error" not in r]
+    with open(base + ".md", "w") as f:
+        f.write(markdown(ok, meta))
+    plot(ok, base + ".png")
+    print(f"{len(rows)} rows from {len(parts)} runs -> {base}.{{json,csv,md,png}}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
@@ -272,12 +298,18 @@ def main():
     ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time in ms")
     ap.add_argument("--out", default="results/attention", help="output folder (relative: from the repo root)")
     ap.add_argument("--tag", default="bench")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="no benchmark: join the rows of these runs' <tag>.json (one GPU, e.g. one call per head dim) "
+                         "into <tag>.json/.csv/.md/.png; each part's command and date are kept")
     ap.add_argument("--dropout", action="store_true",
                     help="only the fused-dropout cost at the GPT-2 small shape (ours and SDPA-flash, p 0 and 0.1)")
     args = ap.parse_args()
 
     args.out = str(repo_path(args.out))
     os.makedirs(args.out, exist_ok=True)
+    if args.merge:
+        merge(args)
+        return
     meta = run_metadata()
     if args.dropout:
         dropout_cost(args, meta)
