@@ -112,7 +112,7 @@ def test_gpt2_loss_equals_plain_loss_and_compiles(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_autocast_within_the_plain_losss_error(dtype):
+def test_gpu_autocast_within_the_plain_loss_error(dtype):
     """Under autocast both losses make the logits in 16 bits; ours stays within the plain one's error of float64."""
     hidden, weight, targets, _ = _inputs("cuda", n=300, d=64, padded=1024, vocab=1000)
     want = _loss_and_grads(linear_cross_entropy_reference, hidden.double(), weight.double(), targets, 1000)
