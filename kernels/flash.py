@@ -9,7 +9,8 @@ Algorithm
 - Backward: delta = rowsum(dO * O) (a small kernel), then two kernels that recompute the scores
   blockwise: dK/dV (one program per key block; loops over the query blocks and, for grouped-query
   attention, over the query heads of the group) and dQ (one program per query block; loops over key
-  blocks). No atomics anywhere, so reruns are bit-identical.
+  blocks). No atomics, so reruns are bit-identical. A fused form (FUSED_DROPOUT_BWD, off until its GPU check; see
+  `_fused_bwd`) adds dQ from the dK/dV kernel through Hopper's TMA reduce instead, drawing a dropout mask once.
 - Causal masking is bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). Tiles that
   are fully masked are skipped; only the tiles on the diagonal and at the sequence end pay for masking
   (two loop stages per kernel). A query row that sees no key gets O = 0, LSE = -inf, zero gradient.
@@ -259,6 +260,18 @@ def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, str
     >= seqlen_k need no mask: their dK/dV rows are not stored. MASK_CAUSAL applies the bottom-right
     causal mask. Returns the new (dk, dv).
     """
+    dk, dv, _ = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m, offs_m,
+                           cols, offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM,
+                           BLOCK_D, MASK_CAUSAL, HAS_DROPOUT, MASK_ROWS)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m, offs_m, cols,
+               offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """`bwd_dkdv_block_step`'s work; also returns dS^T (BLOCK_N, BLOCK_M) in the inputs' dtype, for the fused
+    backward's dQ. Rows past seqlen_q and causally masked scores give exact zeros in it."""
     rows = start_m + offs_m
     q = load_tile(q_base, stride_qm, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASK_ROWS)
     do = load_tile(do_base, stride_dom, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASK_ROWS)
@@ -285,9 +298,25 @@ def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, str
         dpT = tl.where(keepT, dpT * drop_scale, 0.0)
     else:
         dv = tl.dot(pT.to(do.dtype), do, dv)
-    dsT = pT * (dpT - delta[None, :])
-    dk = tl.dot(dsT.to(q.dtype), q, dk)
-    return dk, dv
+    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+    dk = tl.dot(dsT, q, dk)
+    return dk, dv, dsT
+
+
+@triton.jit
+def _add_dq(DQA, dq_desc, dsT, k, row0, start_m, h, offs_m, offs_d, seqlen_q, nheads, HEAD_DIM: tl.constexpr,
+            DQ_TMA: tl.constexpr):
+    """The fused backward's dQ: dS K of one (query tile, key tile) pair added to the float32 buffer DQA, laid out
+    (rows, nheads * HEAD_DIM), rows = this sequence's from row0. With DQ_TMA one bulk reduce (sm_90); else element-
+    wise atomics (the interpreter, which has no descriptor reduce). The TMA tile may reach into the next sequence's
+    rows or the next head's columns (padded head dims): what it adds there is exactly zero."""
+    dq = tl.dot(tl.trans(dsT), k)
+    if DQ_TMA:
+        dq_desc.atomic_add([row0 + start_m, h * HEAD_DIM], dq)
+    else:
+        rows = start_m + offs_m
+        ptrs = DQA + (row0 + rows[:, None]).to(tl.int64) * (nheads * HEAD_DIM) + h * HEAD_DIM + offs_d[None, :]
+        tl.atomic_add(ptrs, dq, mask=(rows[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -544,14 +573,17 @@ def _bwd_preprocess_kernel(O, DO, DELTA, cu_seqlens_q, seqlen_q, nheads,
 
 
 @triton.jit(do_not_specialize=_PER_BATCH_INTS)
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                      nheads, group, sm_scale, qk_scale, drop_thresh, drop_scale,
                      stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                      stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
                      stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_lb, stride_lh,
-                     TUNE_Q, TUNE_K,
+                     dqa_rows, TUNE_Q, TUNE_K,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+                     IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                     FUSED_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False):
+    # FUSED_DQ: also add each tile pair's dQ to DQA (float32, (dqa_rows, nheads * HEAD_DIM)), so no dQ kernel runs
+    # and the dropout mask is drawn once (see `_fused_bwd`); without it DQA and dqa_rows are unused.
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
     nheads_k = nheads // group
@@ -582,6 +614,11 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, cu_seqlens_q, cu_seq
     else:
         lo = 0
         mid = 0
+    dq_desc = 0
+    if DQ_TMA:
+        dq_desc = tl.make_tensor_descriptor(DQA, shape=[dqa_rows, nheads * HEAD_DIM], strides=[nheads * HEAD_DIM, 1],
+                                            block_shape=[BLOCK_M, BLOCK_D])
+    row0 = q_start if VARLEN else b * seqlen_q  # this sequence's first row in DQA
     for g in range(0, group):
         h = hk * group + g
         bh = b * nheads + h
@@ -590,13 +627,17 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEED, cu_seqlens_q, cu_seq
         lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
         for start_m in range(lo, mid, BLOCK_M):
-            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                         start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
-                                         drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, True, HAS_DROPOUT)
+            dk, dv, dsT = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                     start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh, drop_thresh,
+                                     drop_scale, HEAD_DIM, BLOCK_D, True, HAS_DROPOUT, True)
+            if FUSED_DQ:
+                _add_dq(DQA, dq_desc, dsT, k, row0, start_m, h, offs_m, offs_d, seqlen_q, nheads, HEAD_DIM, DQ_TMA)
         for start_m in range(mid, seqlen_q, BLOCK_M):
-            dk, dv = bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
-                                         start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh,
-                                         drop_thresh, drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT)
+            dk, dv, dsT = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+                                     start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh, drop_thresh,
+                                     drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT, True)
+            if FUSED_DQ:
+                _add_dq(DQA, dq_desc, dsT, k, row0, start_m, h, offs_m, offs_d, seqlen_q, nheads, HEAD_DIM, DQ_TMA)
     dk = dk * sm_scale
     row_ok = cols[:, None] < seqlen_k
     if HEAD_DIM != BLOCK_D:
@@ -701,13 +742,13 @@ def _prune(configs, named_args, **kwargs):
     return keep or configs[-1:]
 
 
-def _autotuned(kernel, configs):
+def _autotuned(kernel, configs, reset_to_zero=None):
     # cache_results: each tuning result is kept in Triton's cache directory (~/.triton/cache, or
     # TRITON_CACHE_DIR), keyed by the Triton version, the GPU target, the kernel source, the tuning key
     # (sequence-length buckets, head dim, causal, varlen, dropout, dtypes) and the config list, so a new
     # process reuses it instead of timing every config again.
     return triton.autotune(configs, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune},
-                           cache_results=True)(kernel)
+                           cache_results=True, reset_to_zero=reset_to_zero)(kernel)
 
 
 _fwd_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES))
@@ -715,6 +756,10 @@ _fwd_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES))
 # the WS loop can read never reaches inputs it cannot (the tuning key does not see strides or the GPU).
 _fwd_ws_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES) + _configs(_FWD_WS_SHAPES, WARP_SPEC=True))
 _dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES))
+# The fused backward's dK/dV(+dQ) kernel: the configs of the one-kernel A/B (results/attention/tma_dq/, head dims
+# 16-64); its tuning runs must start from a zero dQ buffer each time.
+_FUSED_SHAPES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2)]
+_fused_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_FUSED_SHAPES), reset_to_zero=["DQA"])
 _dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 
 
@@ -727,7 +772,7 @@ _dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 # "fwd_ws" (head dim 128 only): the warp-specialised forward's config, used where `_fwd_kind` picks it: non-
 # causal only, where the A/B measured 1.18x / 1.20x the autotuned forward at 4K / 1K tokens. Causal keeps
 # "fwd": its WS loop masks every tile element-wise (see _fwd_ws), which no measurement has priced yet.
-_DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 4), "dq": (64, 32, 4, 4)}
+_DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 4), "dq": (64, 32, 4, 4), "fused": _FUSED_SHAPES[0]}
 _DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3), "fwd_ws": _FWD_WS_SHAPES[0]}
 _DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}  # head dim 256
 
@@ -1095,14 +1140,41 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0)
     tune = (_bucket(max_q), _bucket(max_k))
-    dq_consts = dict(consts, REVERSE=causal)
+    dkdv_strides = (*_strides(dk, varlen), *_strides(dv, varlen), slb, slh)
+    if _fused_bwd(q, dropout_p, consts["BLOCK_D"]):
+        rows = q.shape[0] * (1 if varlen else q.shape[1])
+        dqa = torch.zeros(rows, nheads * headdim, dtype=torch.float32, device=q.device)
+        tma = not _interpreting()
+        if tma:
+            _ensure_tma_allocator()
+        _launch("fused", _bwd_dkdv_kernel, _fused_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
+                (q, k, v, do, dk, dv, dqa, lse, delta, seed, *common, *dkdv_strides, rows, *tune),
+                dict(consts, FUSED_DQ=True, DQ_TMA=tma), (q.dtype, do.dtype, dk.dtype))
+        dq.copy_(dqa.view(q.shape).mul_(softmax_scale))
+        return dq, dk, dv
     _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
-            (q, k, v, do, dk, dv, lse, delta, seed, *common, *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
-             *tune), consts, (q.dtype, do.dtype, dk.dtype))
+            (q, k, v, do, dk, dv, dk, lse, delta, seed, *common, *dkdv_strides, 0, *tune), consts,
+            (q.dtype, do.dtype, dk.dtype))
     _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
-            (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune), dq_consts,
-            (q.dtype, do.dtype, dq.dtype))
+            (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune),
+            dict(consts, REVERSE=causal), (q.dtype, do.dtype, dq.dtype))
     return dq, dk, dv
+
+
+# The fused backward: the dK/dV kernel also adds dQ (atomically, through Hopper's TMA reduce), so no dQ kernel
+# runs and the dropout mask is drawn once per tile pair instead of twice. Measured as a prototype on the H100
+# (results/attention/tma_dq/README.md): with dropout 1.05x the two-kernel backward at GPT-2's shape, 1.08x at
+# BERT's, 1.34x at Path-X's; without dropout slower, hence dropout only. dQ's summation order then varies from
+# run to run, so torch.use_deterministic_algorithms(True) keeps the two kernels. Head dims up to 64: larger
+# ones were not measured. Off until its GPU tests and A/B in this form have run (kernels/NOTES_flash.md);
+# FLASH_FUSED_DROPOUT_BWD=1 turns it on for such runs (results/attention/fused_bwd/).
+FUSED_DROPOUT_BWD = os.environ.get("FLASH_FUSED_DROPOUT_BWD", "0") == "1"
+
+
+def _fused_bwd(q, dropout_p: float, block_d: int) -> bool:
+    if not FUSED_DROPOUT_BWD or dropout_p == 0 or block_d > 64 or torch.are_deterministic_algorithms_enabled():
+        return False
+    return _interpreting() or (q.is_cuda and _is_sm90(q.device.index))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+import kernels.flash as fl
 from kernels.attention import FlashAttention, StandardAttention
 from kernels.flash import (PHILOX_ROUNDS, dropout_keep, dropout_keep_mask, dropout_keep_tile, draw_dropout_seed,
                            flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
@@ -169,6 +170,54 @@ def test_dropout_matches_reference_with_kernel_mask(device):
     mask = dropout_keep_mask(draw_dropout_seed(device), b, h, n, n, p)
     assert 0.6 < mask.float().mean().item() < 0.8
     check_against_reference(q, k, v, causal=True, dropout_mask=mask, dropout_p=p, seed=123)
+
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, causal, varlen lengths or None): ragged ends, q != k,
+# GQA, a padded head dim (24 -> 32), packed sequences.
+FUSED_CASES = [(2, 45, 45, 2, 1, 32, True, None), (1, 37, 50, 4, 2, 24, True, None), (2, 40, 33, 2, 2, 16, False, None),
+               (1, 0, 0, 4, 2, 32, True, [5, 37, 1, 20])]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: "x".join(map(str, c[:7])) + ("-varlen" if c[7] else ""))
+def test_fused_dropout_backward_equals_two_kernels(case, device, monkeypatch):
+    """The fused backward (dQ added in the dK/dV kernel) against the two-kernel one, same mask: dK, dV equal (same
+    tiles, same order), dQ to summation order (atomics)."""
+    b, nq, nk, h, hk, d, causal, lengths = case
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    if lengths:
+        q, k, v, cu = _packed(lengths, h, hk, d, device, dtype)
+        fn = lambda q_, k_, v_: flash_attn_varlen_func(q_, k_, v_, cu, cu, max(lengths), max(lengths),  # noqa: E731
+                                                        dropout_p=0.3, causal=causal)
+    else:
+        q, k, v = _inputs(b, nq, nk, h, hk, d, dtype, device)
+        fn = lambda q_, k_, v_: flash_attn_func(q_, k_, v_, dropout_p=0.3, causal=causal)  # noqa: E731
+    do = torch.randn_like(q)
+    results = {}
+    for fused in (False, True):
+        monkeypatch.setattr(fl, "FUSED_DROPOUT_BWD", fused)
+        torch.manual_seed(7)
+        out = fn(q, k, v)
+        assert fl._fused_bwd(q, 0.3, fl._block_d(d)) == fused
+        results[fused] = (out, *torch.autograd.grad(out, (q, k, v), do))
+    (o0, dq0, dk0, dv0), (o1, dq1, dk1, dv1) = results[False], results[True]
+    assert torch.equal(o0, o1)
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(dq1, dq0, atol=tol, rtol=tol)
+    # a dQ off by a tile or a head would be off by O(1), far above these bounds
+    assert (dq0 - dq1).abs().max() < 0.05 * dq0.abs().max()
+
+
+def test_fused_backward_stays_off_where_it_must(device, monkeypatch):
+    q = torch.zeros(1, 8, 2, 32, device=device)
+    monkeypatch.setattr(fl, "FUSED_DROPOUT_BWD", True)
+    assert not fl._fused_bwd(q, 0.0, 32)  # no dropout: the two kernels are faster
+    assert not fl._fused_bwd(q, 0.1, 128)  # head dims above 64 not measured
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not fl._fused_bwd(q, 0.1, 32)  # atomics make dQ's summation order vary
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def test_dropout_seeded_fresh_and_unbiased(device):

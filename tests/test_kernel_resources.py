@@ -1,5 +1,6 @@
 """scripts/kernel_resources.py compiles a kernel for sm_90 on a machine without a GPU and reads its
-register and spill counts; checked on one small config so the tool does not rot."""
+register and spill counts; checked on small configs so the tool does not rot, and so that the CPU suite compiles
+what the interpreter cannot check (the interpreter runs code a real compile refuses)."""
 import json
 import os
 import subprocess
@@ -10,23 +11,35 @@ import triton
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+needs_cuobjdump = pytest.mark.skipif(not os.path.exists(TOOL), reason="triton wheel without cuobjdump")
 
 
-@pytest.mark.skipif(not os.path.exists(TOOL), reason="triton wheel without cuobjdump")
-def test_resources_of_one_config():
-    # With dropout: the interpreter runs code a real compile refuses (a global that is only annotated
-    # constexpr), so the CPU suite compiles the dropout path too.
-    code = (
-        "import json, sys; sys.path.insert(0, 'scripts'); import kernel_resources as R, kernels.flash as F; "
-        "c = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=32, IS_CAUSAL=True, VARLEN=False, "
-        "HAS_DROPOUT=True, REVERSE=False); r = R.resources(F._fwd_kernel, c, 4, 2, sass=True); "
-        "print(json.dumps({**r, 'ops': dict(r['ops'])}))"
-    )
-    # Compiling needs real @triton.jit functions, not the interpreter's stand-ins.
+def _compile_sm90(kernel: str, consts: dict, warps: int, stages: int) -> dict:
+    """resources(kernels.flash.<kernel>, consts, ...) in a fresh process: compiling needs real @triton.jit
+    functions, not the interpreter's stand-ins this suite runs with."""
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import kernel_resources as R, kernels.flash as F; "
+            f"r = R.resources(F.{kernel}, {consts!r}, {warps}, {stages}, sass=True); "
+            "print(json.dumps({**r, 'ops': dict(r['ops'])}))")
     env = dict(os.environ, TRITON_INTERPRET="0")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@needs_cuobjdump
+def test_resources_of_one_config():
+    # With dropout: a global that is only annotated constexpr runs under the interpreter but does not compile.
+    r = _compile_sm90("_fwd_kernel", dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=32, IS_CAUSAL=True,
+                                          VARLEN=False, HAS_DROPOUT=True, REVERSE=False), 4, 2)
     assert 16 <= r["regs"] <= 255 and r["stack"] >= 0
     assert r["ops"].get("EXIT", 0) >= 1 and r["ops"].get("HGMMA", 0) + r["ops"].get("HMMA", 0) > 0  # the dots
+
+
+@needs_cuobjdump
+def test_fused_backward_compiles_for_sm90_with_the_tma_reduce():
+    """The fused backward's dQ goes through a TMA reduce, which the interpreter never compiles (it takes the
+    element-wise atomics): compile it here, with dropout, varlen and a padded head dim."""
+    r = _compile_sm90("_bwd_dkdv_kernel", dict(HEAD_DIM=24, BLOCK_D=32, BLOCK_M=64, BLOCK_N=64, IS_CAUSAL=True,
+                                               VARLEN=True, HAS_DROPOUT=True, FUSED_DQ=True, DQ_TMA=True), 4, 3)
+    assert any(op.startswith("UTMARED") for op in r["ops"])  # the bulk tensor reduce, not element-wise atomics
