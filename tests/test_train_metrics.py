@@ -42,6 +42,20 @@ def test_perplexity_is_over_tokens_not_batches():
     assert m.count.item() == 34
 
 
+def test_perplexity_from_batch_means_weighs_by_count():
+    """update_mean (a fused loss's batch mean) gives what update on the logits gives, short last batch included."""
+    torch.manual_seed(0)
+    logits, targets = torch.randn(5, 7, 11), torch.randint(0, 11, (5, 7))
+    ref = Perplexity()
+    ref.update(logits, targets)
+    means = Perplexity()
+    for sl in (slice(0, 4), slice(4, 5)):
+        mean = torch.nn.functional.cross_entropy(logits[sl].flatten(0, 1), targets[sl].flatten())
+        means.update_mean(mean, targets[sl].numel())
+    assert means.count.item() == 35
+    assert means.compute()[0].item() == pytest.approx(ref.compute()[0].item(), rel=1e-6)
+
+
 def test_warmup_cosine():
     assert warmup_cosine(0, 10, 110, 0.1) == pytest.approx(0.1)
     assert warmup_cosine(9, 10, 110, 0.1) == pytest.approx(1.0)

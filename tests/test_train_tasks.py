@@ -95,6 +95,27 @@ def test_batch_tokens_counts_real_tokens_only():
     assert lm.batch_tokens(torch.zeros(3, 17, dtype=torch.long)) == (3 * 16, 3 * 16 * 16)
 
 
+def test_lm_task_fused_loss_equals_plain_loss():
+    """GPT-2 hands LMTask the fused loss in training and validation; the numbers are the plain logits' ones."""
+    from models.gpt2 import GPT2
+
+    torch.manual_seed(0)
+    model = GPT2(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4, embd_pdrop=0.0, attn_pdrop=0.0,
+                 resid_pdrop=0.0)
+    batch = torch.randint(0, 50, (3, 17))
+    results = []
+    for fused in (True, False):
+        model.fuses_loss = fused  # the instance attribute shadows GPT2's
+        task = LMTask(model)
+        loss = task.training_step(batch, 0)
+        task.validation_step(batch, 0)
+        results.append((loss.detach(), task.val_ppl.compute()[0]))
+    (loss_f, val_f), (loss_p, val_p) = results
+    torch.testing.assert_close(loss_f, loss_p, rtol=1e-5, atol=1e-6)
+    assert val_f.item() == pytest.approx(val_p.item(), rel=1e-5)
+    assert val_f.item() == pytest.approx(loss_p.item(), rel=1e-5)  # one batch: validation NLL = training loss
+
+
 def test_gpt2_flops_hand_computed():
     from models.gpt2 import GPT2
 

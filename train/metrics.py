@@ -29,6 +29,12 @@ class MeanNLL(Metric):
         self.nll_sum += nll.double()[valid].sum()
         self.count += valid.sum()
 
+    def update_mean(self, mean_nll: torch.Tensor, count: int) -> None:
+        """A batch's mean NLL over its `count` targets, as a fused loss returns it (kernels/cross_entropy.py: the
+        mean of float32 per-token losses, so exact to float32 rounding, ~1e-7 relative, not to float64)."""
+        self.nll_sum += mean_nll.double() * count
+        self.count += count
+
     def compute(self):
         if self.count == 0:
             raise ValueError(f"{type(self).__name__} of an empty split")
