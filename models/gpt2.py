@@ -164,9 +164,9 @@ class GPT2(nn.Module):
         missing = sorted(set(ours_of.values()) - set(out))
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match GPT-2: missing {missing}, unexpected {unexpected}")
-        for k in ("embed.word.weight", "lm_head.weight"):  # zero padding rows, as many as this model has
-            w = out[k]
-            out[k] = torch.cat([w, w.new_zeros(self.config.padded_vocab_size - w.shape[0], w.shape[1])])
+        w = out["embed.word.weight"]  # zero padding rows, as many as this model has; lm_head.weight is tied to it
+        out["embed.word.weight"] = out["lm_head.weight"] = torch.cat(
+            [w, w.new_zeros(self.config.padded_vocab_size - w.shape[0], w.shape[1])])
         return out
 
     @classmethod

@@ -10,7 +10,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The kernel as first measured, now with a dropout option (off here): tma_dq_dropout.py holds it.
-from tma_dq_dropout import _bwd_tma_dq, compile_stats  # noqa: E402
+from tma_dq_dropout import _bwd_tma_dq, compile_stats, time_configs  # noqa: E402
 
 HD = int(os.environ.get("HD", "128"))
 CONFIGS = ([(32, 128, 8, 2), (64, 64, 8, 2), (64, 128, 8, 2), (64, 128, 8, 3)] if HD == 128 else
@@ -40,7 +40,6 @@ def main():
         t_ref = do_bench(lambda: F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False, None, None, n, n),
                          warmup=25, rep=100, return_mode="median")
         print(f"{tag:24s} {'ours two-kernel':22s} {t_ref:8.3f}", flush=True)
-        delta = F.bwd_preprocess(o, do)
         def fused(cfg):
             m, nn, w, s = cfg
             delta = F.bwd_preprocess(o, do)
@@ -50,15 +49,8 @@ def main():
                                           0, 1.0, q.stride(0), q.stride(1), q.stride(2), HEAD_DIM=d, BLOCK_M=m,
                                           BLOCK_N=nn, IS_CAUSAL=causal, HAS_DROPOUT=False, num_warps=w, num_stages=s)
             return (dqa * scale).to(torch.bfloat16), dk, dv
-        for cfg in CONFIGS:
-            try:
-                out = fused(cfg)
-                err = tuple(round((a.float() - r.float()).abs().max().item(), 4) for a, r in zip(out, ref))
-                t = do_bench(lambda: fused(cfg), warmup=25, rep=100, return_mode="median")
-            except Exception as e:
-                print(f"{tag:24s} {str(cfg):22s} failed {type(e).__name__}: {str(e)[:150]}", flush=True)
-                continue
-            print(f"{tag:24s} {str(cfg):22s} {t:8.3f} {str(err):>30s}  ({t_ref / t:.2f}x ours)", flush=True)
+        time_configs(f"{tag:24s}", fused, ref, t_ref, CONFIGS,
+                     lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median"), lambda x: round(x, 4))
 
 
 if __name__ == "__main__":

@@ -123,7 +123,6 @@ def main():
             t_ref = do_bench_cudagraph(ship, rep=100, return_mode="median")
             print(f"{tag:30s} {'ours two-kernel':22s} {t_ref:8.3f}", flush=True)
             thresh, drop_scale = F._drop_consts(p) if p > 0 else (0, 1.0)
-            delta = F.bwd_preprocess(o, do)
             dqa = torch.zeros(b, n, h, d, device="cuda", dtype=torch.float32)
             dk, dv = torch.empty_like(k), torch.empty_like(v)
 
@@ -136,15 +135,23 @@ def main():
                                               BLOCK_M=m, BLOCK_N=nn, IS_CAUSAL=causal, HAS_DROPOUT=p > 0,
                                               num_warps=w, num_stages=s)
                 return (dqa * scale).to(torch.bfloat16), dk, dv
-            for cfg in CONFIGS[d]:
-                try:
-                    out = fused(cfg)
-                    err = tuple(float("%.3g" % (a.float() - r.float()).abs().max().item()) for a, r in zip(out, ref))
-                    t = do_bench_cudagraph(lambda: fused(cfg), rep=100, return_mode="median")
-                except Exception as e:
-                    print(f"{tag:30s} {str(cfg):22s} failed {type(e).__name__}: {str(e)[:150]}", flush=True)
-                    continue
-                print(f"{tag:30s} {str(cfg):22s} {t:8.3f} {str(err):>30s}  ({t_ref / t:.2f}x ours)", flush=True)
+            time_configs(f"{tag:30s}", fused, ref, t_ref, CONFIGS[d],
+                         lambda fn: do_bench_cudagraph(fn, rep=100, return_mode="median"),
+                         lambda x: float("%.3g" % x))
+
+
+def time_configs(tag, run, ref, t_ref, configs, bench, rounded):
+    """One line per config: `run(cfg)`'s (dq, dk, dv) timed with `bench`, its largest differences from `ref`
+    (through `rounded`), and the shipped backward's time t_ref over it; a config that fails says so."""
+    for cfg in configs:
+        try:
+            out = run(cfg)
+            err = tuple(rounded((a.float() - r.float()).abs().max().item()) for a, r in zip(out, ref))
+            t = bench(lambda: run(cfg))
+        except Exception as e:
+            print(f"{tag} {str(cfg):22s} failed {type(e).__name__}: {str(e)[:150]}", flush=True)
+            continue
+        print(f"{tag} {str(cfg):22s} {t:8.3f} {str(err):>30s}  ({t_ref / t:.2f}x ours)", flush=True)
 
 
 if __name__ == "__main__":
