@@ -9,8 +9,9 @@ Algorithm
 - Backward: delta = rowsum(dO * O) (a small kernel), then two kernels that recompute the scores
   blockwise: dK/dV (one program per key block; loops over the query blocks and, for grouped-query
   attention, over the query heads of the group) and dQ (one program per query block; loops over key
-  blocks). No atomics, so reruns are bit-identical. A fused form (FUSED_DROPOUT_BWD, off until its GPU check; see
-  `_fused_bwd`) adds dQ from the dK/dV kernel through Hopper's TMA reduce instead, drawing a dropout mask once.
+  blocks). No atomics, so reruns are bit-identical. With dropout at head dims up to 32 on Hopper a fused form
+  (`_fused_bwd`) adds dQ from the dK/dV kernel through the TMA reduce instead, drawing a dropout mask once; its
+  dQ summation order varies, so deterministic mode (torch.use_deterministic_algorithms) keeps the two kernels.
 - Causal masking is bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). Tiles that
   are fully masked are skipped; only the tiles on the diagonal and at the sequence end pay for masking
   (two loop stages per kernel). A query row that sees no key gets O = 0, LSE = -inf, zero gradient.
@@ -1164,17 +1165,25 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
 
 
 # The fused backward: the dK/dV kernel also adds dQ (atomically, through Hopper's TMA reduce), so no dQ kernel
-# runs and the dropout mask is drawn once per tile pair instead of twice. Measured as a prototype on the H100
-# (results/attention/tma_dq/README.md): with dropout 1.05x the two-kernel backward at GPT-2's shape, 1.08x at
-# BERT's, 1.34x at Path-X's; without dropout slower, hence dropout only. dQ's summation order then varies from
-# run to run, so torch.use_deterministic_algorithms(True) keeps the two kernels. Head dims up to 64: larger
-# ones were not measured. Off until its GPU tests and A/B in this form have run (kernels/NOTES_flash.md);
-# FLASH_FUSED_DROPOUT_BWD=1 turns it on for such runs (results/attention/fused_bwd/).
-FUSED_DROPOUT_BWD = os.environ.get("FLASH_FUSED_DROPOUT_BWD", "0") == "1"
+# runs and the dropout mask is drawn once per tile pair instead of twice. Without dropout it is slower (the
+# prototype, results/attention/tma_dq/README.md), hence dropout only. dQ's summation order then varies from run to
+# run, so torch.use_deterministic_algorithms(True) keeps the two kernels. Measured as integrated, on the H100
+# (results/attention/fused_bwd/README.md): 1.12x the two-kernel backward at head dim 16 (Path-X's shape), 1.07x
+# at 32, but 0.92x / 0.97x at 64 (GPT-2's / BERT's shapes), where the fused kernel spills registers. So by
+# default ("auto") it runs for head dims up to 32; FLASH_FUSED_DROPOUT_BWD=1 takes it to 64, =0 turns it off.
+def _fused_max_head_dim(setting: str) -> int:
+    """FLASH_FUSED_DROPOUT_BWD's value -> the largest (padded) head dim that takes the fused backward."""
+    limits = {"0": 0, "auto": 32, "1": 64}
+    if setting not in limits:
+        raise ValueError(f"FLASH_FUSED_DROPOUT_BWD={setting!r}: expected one of {sorted(limits)}")
+    return limits[setting]
+
+
+FUSED_DROPOUT_BWD_MAX_D = _fused_max_head_dim(os.environ.get("FLASH_FUSED_DROPOUT_BWD", "auto"))
 
 
 def _fused_bwd(q, dropout_p: float, block_d: int) -> bool:
-    if not FUSED_DROPOUT_BWD or dropout_p == 0 or block_d > 64 or torch.are_deterministic_algorithms_enabled():
+    if dropout_p == 0 or block_d > FUSED_DROPOUT_BWD_MAX_D or torch.are_deterministic_algorithms_enabled():
         return False
     return _interpreting() or (q.is_cuda and _is_sm90(q.device.index))
 

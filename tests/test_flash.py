@@ -194,7 +194,7 @@ def test_fused_dropout_backward_equals_two_kernels(case, device, monkeypatch):
     do = torch.randn_like(q)
     results = {}
     for fused in (False, True):
-        monkeypatch.setattr(fl, "FUSED_DROPOUT_BWD", fused)
+        monkeypatch.setattr(fl, "FUSED_DROPOUT_BWD_MAX_D", 64 if fused else 0)
         torch.manual_seed(7)
         out = fn(q, k, v)
         assert fl._fused_bwd(q, 0.3, fl._block_d(d)) == fused
@@ -210,7 +210,10 @@ def test_fused_dropout_backward_equals_two_kernels(case, device, monkeypatch):
 
 def test_fused_backward_stays_off_where_it_must(device, monkeypatch):
     q = torch.zeros(1, 8, 2, 32, device=device)
-    monkeypatch.setattr(fl, "FUSED_DROPOUT_BWD", True)
+    assert fl.FUSED_DROPOUT_BWD_MAX_D == 32  # the default: on where it measured faster (head dims up to 32)
+    assert fl._fused_bwd(q, 0.1, 32) == (device == "cpu" or fl._is_sm90(q.device.index))
+    assert not fl._fused_bwd(q, 0.1, 64)  # spills at head dim 64, slower there
+    monkeypatch.setattr(fl, "FUSED_DROPOUT_BWD_MAX_D", 64)
     assert not fl._fused_bwd(q, 0.0, 32)  # no dropout: the two kernels are faster
     assert not fl._fused_bwd(q, 0.1, 128)  # head dims above 64 not measured
     torch.use_deterministic_algorithms(True)
@@ -218,6 +221,12 @@ def test_fused_backward_stays_off_where_it_must(device, monkeypatch):
         assert not fl._fused_bwd(q, 0.1, 32)  # atomics make dQ's summation order vary
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_fused_backward_setting():
+    assert [fl._fused_max_head_dim(v) for v in ("0", "auto", "1")] == [0, 32, 64]
+    with pytest.raises(ValueError, match="FLASH_FUSED_DROPOUT_BWD='yes'"):
+        fl._fused_max_head_dim("yes")
 
 
 def test_dropout_seeded_fresh_and_unbiased(device):
@@ -320,8 +329,16 @@ def _rerun_identical(q, k, v, **kw):
 
 
 def test_reruns_bit_identical(device):
-    q, k, v = _inputs(1, 77, 77, 4, 2, 32, torch.float32, device)
+    # head dim 64: the two-kernel backward, which has no atomics, also with dropout
+    q, k, v = _inputs(1, 77, 77, 4, 2, 64, torch.float32, device)
     assert _rerun_identical(q, k, v, causal=True, dropout_p=0.1)
+    # head dim 32 with dropout takes the fused backward unless deterministic mode keeps the two kernels
+    q, k, v = _inputs(1, 77, 77, 4, 2, 32, torch.float32, device)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert _rerun_identical(q, k, v, causal=True, dropout_p=0.1)
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def test_attention_module_with_padding_mask(device):

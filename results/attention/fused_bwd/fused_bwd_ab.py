@@ -1,4 +1,4 @@
-"""GPU A/B of the fused dropout backward as integrated in kernels/flash.py (FUSED_DROPOUT_BWD: the dK/dV kernel adds
+"""GPU A/B of the fused dropout backward as integrated in kernels/flash.py (`_fused_bwd`: the dK/dV kernel adds
 dQ through the TMA reduce, one mask draw) against the two-kernel backward, both autotuned, CUDA-graph GPU time of
 `_flash_bwd` (delta preprocessing included in both). Shapes: GPT-2 small, BERT-like, Path-X, LRA (head dim 32), and
 one varlen batch. Prints the tuned config of each and the largest differences from the two-kernel gradients.
@@ -19,6 +19,7 @@ SHAPES = [(16, 1024, 12, 64, True, None), (8, 512, 16, 64, False, None), (4, 163
 
 
 def main(p=0.1):
+    default = F.FUSED_DROPOUT_BWD_MAX_D
     F._ensure_tma_allocator()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, p {p}", flush=True)
     for b, n, h, d, causal, lengths in SHAPES:
@@ -37,7 +38,7 @@ def main(p=0.1):
         o, lse, seed = F._flash_fwd(q, k, v, scale, causal, p, varlen, cu, cu, n, n)
         times, grads = {}, {}
         for fused in (False, True):
-            F.FUSED_DROPOUT_BWD = fused
+            F.FUSED_DROPOUT_BWD_MAX_D = 64 if fused else 0
             bwd = lambda: F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, p, varlen, cu, cu, n, n)  # noqa: E731
             grads[fused] = bwd()  # tunes outside the graph
             times[fused] = do_bench_cudagraph(bwd, rep=100, return_mode="median")
@@ -47,7 +48,7 @@ def main(p=0.1):
               f"  max|d| (dq, dk, dv) {err}", flush=True)
         print(f"    last picks {picks}", flush=True)
         F._TUNED_CONFIGS.clear()
-    F.FUSED_DROPOUT_BWD = False
+    F.FUSED_DROPOUT_BWD_MAX_D = default
 
 
 if __name__ == "__main__":
