@@ -37,8 +37,9 @@ class _EncoderModel(nn.Module):
     packs_tokens = True  # a mask packs the real tokens once per forward: train.task.compile_model compiles per Block
     causal = False
 
-    def _setup(self, n_layer, d_model, n_head):
+    def _setup(self, n_layer, d_model, n_head, attn_dim=None):
         self.n_layer, self.d_model, self.n_head = n_layer, d_model, n_head
+        self.attn_dim = attn_dim or d_model
         self.apply(self._init_weights)
 
     @staticmethod
@@ -59,7 +60,7 @@ class _EncoderModel(nn.Module):
 
     def flops(self, tokens, sum_sq_len) -> float:
         """Training FLOPs of a batch of `tokens` real tokens whose lengths squared sum to sum_sq_len."""
-        return transformer_flops(self.num_params(), self.n_layer, self.n_head, self.d_model // self.n_head,
+        return transformer_flops(self.num_params(), self.n_layer, self.n_head, self.attn_dim // self.n_head,
                                  tokens, sum_sq_len, causal=False,
                                  score_fraction=attention_score_fraction(self, tokens, sum_sq_len))
 
@@ -106,7 +107,7 @@ class SequenceClassifier(_EncoderModel):
                  n_layer: int = 4, n_head: int = 4, d_ff: int | None = None, dropout: float = 0.1,
                  attn_dropout: float = 0.1, pooling: str = "mean", two_inputs: bool = False, prenorm: bool = True,
                  activation: str = "gelu", layer_norm_eps: float = 1e-5, positions: str = "learned",
-                 embedding_std: float = 0.02, activation_checkpointing: bool = False,
+                 embedding_std: float = 0.02, activation_checkpointing: bool = False, attn_dim: int | None = None,
                  attention_factory: Callable | None = None):
         super().__init__()
         if pooling not in ("mean", "cls"):
@@ -117,10 +118,10 @@ class SequenceClassifier(_EncoderModel):
                                        final_norm=prenorm, layer_norm_eps=layer_norm_eps,
                                        activation_checkpointing=activation_checkpointing, hidden=d_ff,
                                        prenorm=prenorm, activation=activation, attn_dropout=attn_dropout,
-                                       resid_dropout=dropout)
+                                       resid_dropout=dropout, attn_dim=attn_dim)
         head_in = 4 * d_model if two_inputs else d_model
         self.head = nn.Sequential(nn.Linear(head_in, d_model), nn.GELU(), nn.Linear(d_model, num_classes))
-        self._setup(n_layer, d_model, n_head)
+        self._setup(n_layer, d_model, n_head, attn_dim)
         # LRA's encoders draw the token table from N(0, 1) (embedding_std 1.0 in configs/model/lra-*.yaml).
         # Next to a sinusoidal table (each feature in [-1, 1]) BERT's 0.02 leaves the tokens ~3% of the
         # input's norm: pixel values then barely reach attention (Pathfinder stayed at chance that way).

@@ -80,21 +80,24 @@ def sinusoidal_table(n: int, dim: int) -> torch.Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """x (..., dim) -> (..., dim); the core (a kernels.attention class) sees (..., heads, head_dim)."""
+    """x (..., dim) -> (..., dim); the core (a kernels.attention class) sees (..., heads, head_dim).
+    attn_dim: the width of q, k and v (LRA's qkv_dim), dim unless set; head_dim = attn_dim / n_head."""
 
-    def __init__(self, dim: int, n_head: int, attention_factory: Callable[..., nn.Module], attn_dropout: float = 0.0):
+    def __init__(self, dim: int, n_head: int, attention_factory: Callable[..., nn.Module], attn_dropout: float = 0.0,
+                 attn_dim: int | None = None):
         super().__init__()
-        if dim % n_head:
-            raise ValueError(f"hidden size {dim} is not a multiple of the {n_head} heads")
+        self.attn_dim = attn_dim or dim
+        if self.attn_dim % n_head:
+            raise ValueError(f"attention width {self.attn_dim} is not a multiple of the {n_head} heads")
         self.n_head = n_head
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.out = nn.Linear(dim, dim)
+        self.qkv = nn.Linear(dim, 3 * self.attn_dim)
+        self.out = nn.Linear(self.attn_dim, dim)
         self.core = attention_factory(dropout=attn_dropout)
 
     def forward(self, x: torch.Tensor, causal: bool = False, packed: PackedBatch | None = None) -> torch.Tensor:
-        *lead, dim = x.shape
-        qkv = self.qkv(x).view(*lead, 3, self.n_head, dim // self.n_head)
-        return self.out(self.core.forward_qkv(qkv, causal=causal, packed=packed).reshape(*lead, dim))
+        lead = x.shape[:-1]
+        qkv = self.qkv(x).view(*lead, 3, self.n_head, self.attn_dim // self.n_head)
+        return self.out(self.core.forward_qkv(qkv, causal=causal, packed=packed).reshape(*lead, self.attn_dim))
 
 
 class MLP(nn.Module):
@@ -117,11 +120,11 @@ class Block(nn.Module):
 
     def __init__(self, dim: int, n_head: int, attention_factory, hidden: int | None = None, prenorm: bool = True,
                  activation: str = "gelu", attn_dropout: float = 0.0, resid_dropout: float = 0.0,
-                 layer_norm_eps: float = 1e-5):
+                 layer_norm_eps: float = 1e-5, attn_dim: int | None = None):
         super().__init__()
         self.prenorm = prenorm
         self.norm1 = nn.LayerNorm(dim, eps=layer_norm_eps)
-        self.attn = MultiHeadAttention(dim, n_head, attention_factory, attn_dropout)
+        self.attn = MultiHeadAttention(dim, n_head, attention_factory, attn_dropout, attn_dim)
         self.norm2 = nn.LayerNorm(dim, eps=layer_norm_eps)
         self.mlp = MLP(dim, hidden or 4 * dim, activation)
         self.dropout1 = nn.Dropout(resid_dropout)

@@ -92,6 +92,25 @@ def test_flops_hand_computed():
     assert gpt.flops(32, 2 * 16 * 16) == 6 * gpt.num_params() * 32 + 6 * 2 * 4 * 8 * 512
 
 
+@pytest.mark.parametrize("kind", ["standard", "flash"])
+def test_narrow_attention_width(kind, device):
+    """attn_dim (LRA's qkv_dim) narrower than d_model: q, k, v and the heads use it, the residual stream keeps
+    d_model; a padded batch still equals each sequence alone, and the FLOP count uses the narrow head dim."""
+    torch.manual_seed(0)
+    model = SequenceClassifier(vocab_size=40, num_classes=3, max_positions=SEQLEN, d_model=32, n_layer=2, n_head=2,
+                               attn_dim=16, attention_factory=KINDS[kind]).to(device).eval()
+    attn = model.transformer.blocks[0].attn
+    assert attn.qkv.weight.shape == (3 * 16, 32) and attn.out.weight.shape == (32, 16)
+    ids, mask = _batch(40, device)
+    with torch.no_grad():
+        batched = model(ids, mask)
+        alone = torch.cat([model(ids[b:b + 1, :n]) for b, n in enumerate(LENGTHS)])
+    torch.testing.assert_close(batched, alone, atol=2e-5, rtol=1e-4)
+    assert model.flops(40, 1000) == 6 * model.num_params() * 40 + 12 * 2 * 2 * 8 * 1000  # 2 heads of 16 / 2 = 8
+    with pytest.raises(ValueError, match="attention width 18 is not a multiple of the 4 heads"):
+        SequenceClassifier(vocab_size=40, num_classes=3, d_model=32, n_head=4, attn_dim=18)
+
+
 def test_flops_count_only_the_blocks_block_sparse_computes():
     # local window 1, 4 blocks of 16: blocks kept (i, j) with |i - j| <= 1, 10 of 16; MFU counts those.
     core = functools.partial(BlockSparseAttention, pattern="local", block_size=16, window=1)
