@@ -153,3 +153,37 @@ def test_dropout_seed_changes_only_the_per_step_reseeding(embedded_data, tmp_pat
     assert tasks[0].hparams.seed == 3 and tasks[1].hparams.seed == 7
     first = [next(t.model.parameters()).detach() for t in tasks]
     assert torch.equal(first[0], first[1])  # the same initial weights
+
+
+def test_sigterm_stops_at_a_step_with_a_checkpoint_and_resumes(embedded_data, tmp_path):
+    """SIGTERM to the whole process group (how a scheduler preempts a job), DataLoader workers included: the
+    run stops at the next optimizer step with last.ckpt, calls.csv says so, and ckpt_path=last goes on from there."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "train/run.py", *FAST, f"hydra.run.dir={run_dir}", "data.num_workers=2",
+           "trainer.max_steps=100000", "callbacks.checkpoint.every_n_train_steps=100000"]
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    calls, deadline = run_dir / "calls.csv", time.time() + 240
+    while not (calls.exists() and "running" in calls.read_text()) and p.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # some steps
+    os.killpg(p.pid, signal.SIGTERM)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in out, out[-3000:]
+    with open(calls) as f:
+        call = list(csv.DictReader(f))[-1]
+    assert call["status"] == "stopped: SIGTERM", out[-3000:]
+    assert "DataLoader worker" not in out
+    stopped_at = int(call["end_step"])
+    assert stopped_at > 0
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == stopped_at
+    p = subprocess.run(cmd[:-2] + [f"trainer.max_steps={stopped_at + 2}", "ckpt_path=last"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    with open(calls) as f:
+        second = list(csv.DictReader(f))[-1]
+    assert (second["start_step"], second["end_step"], second["status"]) == (str(stopped_at), str(stopped_at + 2),
+                                                                             "finished")

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.data import REPO, ResumableDataModule, file_digest
+from train.data import REPO, ResumableDataModule, file_digest, own_process_group
 
 VOCAB = REPO / "data" / "bert" / "vocab.txt"
 EMBEDDED = REPO / "data" / "embedded" / "corpus.jsonl.gz"
@@ -650,7 +650,7 @@ class BertDataModule(ResumableDataModule):
     def _loader(self, ds, batch_size, sampler=None):
         return torch.utils.data.DataLoader(
             ds, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers, collate_fn=self._collate(),
-            pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0)
+            pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0, worker_init_fn=own_process_group)
 
     def train_dataloader(self):
         return self.train_loader(Shuffled(self.train_set, self.seed, self.num_samples or 10**12))

@@ -159,8 +159,9 @@ class CallLog(L.Callback):
     and rewriting them leaves it empty for their old rows). The row is written when
     training starts, status "running" (a call killed from outside still shows where it began; the next
     call marks it "killed (no end recorded)"), and completed when training ends: "finished" (max_steps
-    reached), "stopped: budget_s" / "stopped: max_steps" (this call's limits below), "interrupted"
-    (SIGINT) or "failed: <exception>". The same line is printed.
+    reached), "stopped: budget_s" / "stopped: max_steps" (this call's limits below), "stopped: SIGTERM"
+    (at the next optimizer step, with a checkpoint, as for the limits), "interrupted" (SIGINT) or
+    "failed: <exception>". The same line is printed.
 
     A long run split over device calls of limited length: `budget_s` stops this call at the first
     optimizer step after that many seconds since the run was built (data preparation and compilation
@@ -201,12 +202,12 @@ class CallLog(L.Callback):
         return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     def _finish(self, trainer, status: str) -> None:
-        if not trainer.is_global_zero or not hasattr(self, "_row"):
-            return
+        if not trainer.is_global_zero or not hasattr(self, "_row") or self._row.get("ended_utc"):
+            return  # a later exception (in teardown, say) does not overwrite how training ended
         row = dict(self._row, end_step=trainer.global_step, steps=trainer.global_step - self._row["start_step"],
                    wall_s=f"{time.perf_counter() - self._t0:.1f}", ended_utc=self._now(), status=status)
         rows = self.read()
-        rows[-1] = row  # this call's row, written at its start
+        rows[-1] = self._row = row  # this call's row, written at its start
         self._write(rows)
         print(f"call {row['call']}: steps {row['start_step']} -> {row['end_step']} in {row['wall_s']} s, {status} "
               f"({self.path})", flush=True)
@@ -238,6 +239,10 @@ class CallLog(L.Callback):
             reason = "max_steps"
         elif self.budget_s is not None and time.perf_counter() - self._built >= self.budget_s:
             reason = "budget_s"
+        elif getattr(trainer, "received_sigterm", False):
+            # A scheduler preempting the job, or `kill`: stop here, at an optimizer step, with a checkpoint.
+            # Lightning then raises SIGTERMException at the end of this batch (on_exception below).
+            reason = "SIGTERM"
         # every rank stops at the same step (the budget is measured on each)
         stop = trainer.strategy.reduce_boolean_decision(reason is not None, all=False)
         if stop:
@@ -261,8 +266,17 @@ class CallLog(L.Callback):
         self._finish(trainer, status)
 
     def on_exception(self, trainer, pl_module, exception):
-        stopped = isinstance(exception, KeyboardInterrupt)  # SIGINT: Lightning's graceful shutdown
-        self._finish(trainer, "interrupted" if stopped else f"failed: {type(exception).__name__}")
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if isinstance(exception, SIGTERMException):
+            # stopped at an optimizer step (last.ckpt written there), or inside a gradient accumulation or an
+            # evaluation, where no consistent state exists to save: ckpt_path=last then resumes from the last
+            # checkpoint written before
+            status = ("stopped: SIGTERM" if self.stopped_by == "SIGTERM"
+                      else "stopped: SIGTERM between optimizer steps (no checkpoint written)")
+        else:  # SIGINT: Lightning's graceful shutdown
+            status = "interrupted" if isinstance(exception, KeyboardInterrupt) else f"failed: {type(exception).__name__}"
+        self._finish(trainer, status)
 
 
 class StepProfiler(L.Callback):

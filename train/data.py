@@ -247,6 +247,16 @@ class ShardSampler(torch.utils.data.Sampler):
 import lightning as L  # noqa: E402
 
 
+def own_process_group(_worker_id: int) -> None:
+    """DataLoader workers leave the job's process group. A SIGTERM sent to the whole group (a scheduler
+    preempting the run, `kill -- -PGID`, Ctrl-C's SIGINT in a terminal) would otherwise end them first, and
+    training would fail on a dead worker instead of stopping at the next optimizer step with a checkpoint
+    (train.callbacks.CallLog). The main process still ends them at shutdown (by pid), and a worker whose
+    parent dies exits by itself (PyTorch's worker loop watches it). Ignoring SIGTERM in the worker instead
+    would hang that shutdown, which terminates workers that do not stop in time."""
+    os.setpgrp()
+
+
 def collate(samples):
     """default_collate, except that a dataset's `__getitems__` may hand over a finished batch dict."""
     return samples if isinstance(samples, dict) else torch.utils.data.default_collate(samples)
@@ -276,6 +286,7 @@ class ResumableDataModule(L.LightningDataModule):
         return torch.utils.data.DataLoader(
             ds, batch_size=batch_size, sampler=sampler, num_workers=self.num_workers, drop_last=False,
             pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0, collate_fn=collate,
+            worker_init_fn=own_process_group,
         )
 
     def train_loader(self, ds):

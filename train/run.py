@@ -27,6 +27,7 @@ optimizer, schedule and step start fresh. Ignored when resuming (the checkpoint 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -179,7 +180,14 @@ def main(cfg: DictConfig):
     if cfg.get("print_config"):
         print(OmegaConf.to_yaml(cfg, resolve=True))
     os.makedirs(cfg.output_dir, exist_ok=True)
-    trainer, _ = train(cfg)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        trainer, _ = train(cfg)
+    except SIGTERMException:  # stopped at an optimizer step with checkpoints/last.ckpt (train.callbacks.CallLog)
+        print(f"stopped by SIGTERM; the same command with ckpt_path=last resumes ({cfg.output_dir}/calls.csv)",
+              flush=True)
+        sys.exit(128 + signal.SIGTERM)  # a shell's code for a TERM-ended process, not success
     final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "train/", "test/"))}
     from train.callbacks import SpeedMonitor
 
