@@ -343,6 +343,7 @@ def read_run(run_dir: Path) -> dict | None:
             "val_curve": sorted(curve.items()), "train_loss_curve": sorted(loss.items()),
             "devices": run_devices(call_log),
             "speed": steady_speed(rows), "finished": finished(run_dir, rows, call_log),
+            "model": OmegaConf.to_container(cfg.model) if "model" in cfg else None,
             "model_drift": model_drift(task, OmegaConf.to_container(cfg.model) if "model" in cfg else {})}
 
 
@@ -459,8 +460,12 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
             if (task, kind) in (found.get("speed_status") or {}):  # failed, cut off (partly measured), no time
                 out["speed_status"].setdefault(task, {})[kind] = found["speed_status"][(task, kind)]
             if sp and sp["speed"]:
+                # the model's settings travel with the row, so that a table which keeps it later
+                # (keep_earlier_speed) can tell whether the experiment still builds that model
                 out["speed"][task][kind] = dict(sp["speed"], steps=sp["steps_done"], dir=rel(sp["dir"]),
-                                                accumulate=sp["accumulate"], micro_batch=sp["micro_batch"])
+                                                accumulate=sp["accumulate"], micro_batch=sp["micro_batch"],
+                                                model=sp.get("model"),
+                                                model_drift=sp["model_drift"] if sp.get("model") is not None else [])
                 if sp["source"] is not None:
                     out["data"].setdefault(task, {"source": sp["source"], "note": stand_in(task, sp["source"])})
         base = out["speed"][task].get("standard", {}).get("step_time_ms")
@@ -542,6 +547,9 @@ def keep_earlier_speed(summary: dict, tables: list[Path]) -> None:
             if t in fresh or not old.get("speed", {}).get(t):
                 continue
             summary["speed"][t] = {k: v for k, v in old["speed"][t].items() if k in summary["kinds"]}
+            for row in summary["speed"][t].values():  # against today's experiment; rows from before had no model
+                if row.get("model") is not None:
+                    row["model_drift"] = model_drift(t, row["model"])
             if t in (old.get("speed_status") or {}):
                 summary["speed_status"][t] = old["speed_status"][t]
             session = (old.get("speed_sessions") or {}).get(t) or old.get("speed_session")
@@ -627,6 +635,8 @@ def markdown(summary: dict, meta: dict) -> str:
                 lines.append(f"| {TASK_TITLES[t]} | {kind} | not measured | | | | | {why or ''} |")
                 continue
             notes = [(summary.get("speed_status") or {}).get(t, {}).get(kind)]
+            if s.get("model_drift"):
+                notes.append("model since changed: " + "; ".join(s["model_drift"]))
             if (s.get("accumulate") or 1) > 1:
                 accumulated = True
                 notes.insert(0, f"accumulated: {s['accumulate']} x {s['micro_batch']}")

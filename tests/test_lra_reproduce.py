@@ -410,6 +410,28 @@ def test_collect_without_speed_runs_keeps_the_earlier_speed_rows(runs, tmp_path)
     assert not s2["speed"]["listops"] and "speed_kept_from" not in s2
 
 
+def test_kept_speed_rows_say_when_the_experiment_changed_its_model(runs, tmp_path):
+    """A speed row carries its run's model settings; a later table that keeps the row compares them with what
+    the experiment builds then, and the note says what changed (the row measured another model)."""
+    d = R.speed_dir(runs, "listops", "flash")
+    cfg = OmegaConf.load(d / ".hydra" / "config.yaml")
+    cfg.model = R.recipe_model("listops")
+    OmegaConf.save(cfg, d / ".hydra" / "config.yaml")
+    out = tmp_path / "out"
+    s = R.main(["--collect", str(runs), "--out", str(out), "--tasks", "listops"])
+    assert s["speed"]["listops"]["flash"]["model_drift"] == [] and "model since changed" not in (out / "table3.md").read_text()
+    assert s["speed"]["listops"]["sdpa"]["model"] is None  # a run without model settings: nothing to compare
+    table = json.loads((out / "table3.json").read_text())
+    table["speed"]["listops"]["flash"]["model"]["d_model"] = 7  # as if the experiment's d_model changed since
+    (out / "table3.json").write_text(json.dumps(table))
+    acc_only = tmp_path / "acc-only"
+    write_run(R.accuracy_dir(acc_only, "listops", "flash", 1, None), "listops", "flash", test_acc=0.5)
+    s = R.main(["--collect", str(acc_only), "--out", str(out), "--tasks", "listops"])
+    now = R.recipe_model("listops")["d_model"]
+    assert s["speed"]["listops"]["flash"]["model_drift"] == [f"d_model: 7 (now {now})"]
+    assert f"model since changed: d_model: 7 (now {now})" in (out / "table3.md").read_text()
+
+
 def test_speed_rows_of_some_tasks_come_from_another_table(runs, tmp_path):
     """A GPU machine remeasured one task's speed (its table3.json came back): collecting the accuracy runs
     with --speed-from takes that task's rows and session from it and keeps the other task's from --out."""
