@@ -758,10 +758,11 @@ _fwd_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES))
 _fwd_ws_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES) + _configs(_FWD_WS_SHAPES, WARP_SPEC=True))
 _dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES))
 # The fused backward's dK/dV(+dQ) kernel: the configs of the one-kernel A/B (results/attention/tma_dq/, head dims
-# 16-64), then three that spill least in this integrated form (sm_90 compile, results/attention/fused_bwd/); its
-# tuning runs must start from a zero dQ buffer each time.
+# 16-64), then three that spill least in this integrated form, and two 16-row tiles, the only ones without spills
+# at head dim 64 in both causal modes (sm_90 compile, results/attention/fused_bwd/); its tuning runs must start
+# from a zero dQ buffer each time.
 _FUSED_SHAPES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2), (64, 64, 8, 2),
-                 (64, 64, 8, 3), (32, 64, 4, 3)]
+                 (64, 64, 8, 3), (32, 64, 4, 3), (16, 64, 4, 3), (16, 128, 8, 3)]
 _fused_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_FUSED_SHAPES), reset_to_zero=["DQA"])
 _dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 
@@ -775,7 +776,9 @@ _dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 # "fwd_ws" (head dim 128 only): the warp-specialised forward's config, used where `_fwd_kind` picks it: non-
 # causal only, where the A/B measured 1.18x / 1.20x the autotuned forward at 4K / 1K tokens. Causal keeps
 # "fwd": its WS loop masks every tile element-wise (see _fwd_ws), which no measurement has priced yet.
-_DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 4), "dq": (64, 32, 4, 4), "fused": _FUSED_SHAPES[0]}
+# "fused" (on by default for head dims up to 32): the autotuner's pick at both such shapes of the H100 A/B
+# (results/attention/fused_bwd/README.md).
+_DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 4), "dq": (64, 32, 4, 4), "fused": (128, 64, 4, 3)}
 _DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3), "fwd_ws": _FWD_WS_SHAPES[0]}
 _DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}  # head dim 256
 
@@ -1169,7 +1172,7 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
 # prototype, results/attention/tma_dq/README.md), hence dropout only. dQ's summation order then varies from run to
 # run, so torch.use_deterministic_algorithms(True) keeps the two kernels. Measured as integrated, on the H100
 # (results/attention/fused_bwd/README.md): 1.12x the two-kernel backward at head dim 16 (Path-X's shape), 1.07x
-# at 32, but 0.92x / 0.97x at 64 (GPT-2's / BERT's shapes), where the fused kernel spills registers. So by
+# at 32, but 0.92x / 0.97x at 64 (GPT-2's / BERT's shapes). So by
 # default ("auto") it runs for head dims up to 32; FLASH_FUSED_DROPOUT_BWD=1 takes it to 64, =0 turns it off.
 def _fused_max_head_dim(setting: str) -> int:
     """FLASH_FUSED_DROPOUT_BWD's value -> the largest (padded) head dim that takes the fused backward."""

@@ -84,12 +84,13 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dropout", action="store_true")
-    ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq"])
+    ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq", "fused"],
+                    help="fused: the dK/dV kernel that also adds dQ through the TMA reduce (kernels/flash.py _fused_bwd)")
     ap.add_argument("--sass-dropout", action="store_true",
                     help="instead: the SASS opcodes dropout adds to each kernel's FLASH_AUTOTUNE=0 config (static counts)")
     args = ap.parse_args()
     kernels = {"fwd": (F._fwd_kernel, F._FWD_SHAPES), "dkdv": (F._bwd_dkdv_kernel, F._DKDV_SHAPES),
-               "dq": (F._bwd_dq_kernel, F._DQ_SHAPES)}
+               "dq": (F._bwd_dq_kernel, F._DQ_SHAPES), "fused": (F._bwd_dkdv_kernel, F._FUSED_SHAPES)}
     d = args.head_dim
     fallback = F.fallback_configs(F._block_d(d))
     meta = run_metadata(device=False)
@@ -106,14 +107,16 @@ def main():
     print("|---|---|---:|---:|---|")
     for kind in args.kernels:
         jitfn, shapes = kernels[kind]
-        for cfg in dict.fromkeys([*shapes, fallback[kind]]):
+        for cfg in dict.fromkeys([*shapes, *([fallback[kind]] if kind in fallback else [])]):
             m, n, w, s = cfg
             consts = dict(HEAD_DIM=d, BLOCK_D=F._block_d(d), BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=args.causal,
                           VARLEN=False, HAS_DROPOUT=args.dropout)
             if "REVERSE" in jitfn.arg_names:
                 consts["REVERSE"] = False
+            if kind == "fused":
+                consts.update(FUSED_DQ=True, DQ_TMA=True)
             r = resources(jitfn, consts, w, s)
-            note = "FLASH_AUTOTUNE=0 fallback" if cfg == fallback[kind] else ""
+            note = "FLASH_AUTOTUNE=0 fallback" if cfg == fallback.get(kind) else ""
             print(f"| {kind} | {cfg} | {r['regs']} | {r['stack']} | {note} |", flush=True)
 
 
