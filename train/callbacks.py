@@ -273,7 +273,7 @@ class CallLog(L.Callback):
             # evaluation, where no consistent state exists to save: ckpt_path=last then resumes from the last
             # checkpoint written before
             status = ("stopped: SIGTERM" if self.stopped_by == "SIGTERM"
-                      else "stopped: SIGTERM between optimizer steps (no checkpoint written)")
+                      else "stopped: SIGTERM (no checkpoint: inside a gradient accumulation or an evaluation)")
         else:  # SIGINT: Lightning's graceful shutdown
             status = "interrupted" if isinstance(exception, KeyboardInterrupt) else f"failed: {type(exception).__name__}"
         self._finish(trainer, status)
