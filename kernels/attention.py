@@ -93,13 +93,37 @@ def _check_packed(x: torch.Tensor, packed: PackedBatch, name: str, dims: tuple[s
 
 
 class StandardAttention(Attention):
-    """The paper's baseline: scores materialised in HBM, then mask, softmax, dropout (plain PyTorch)."""
+    """The paper's baseline: scores materialised in HBM, then mask, softmax, dropout (plain PyTorch).
+
+    kernel_dropout_mask: draw the attention dropout mask as the Triton kernels do (one seed from torch's
+    generator per call, then their Philox stream: kernels.flash.dropout_keep_mask) instead of with
+    torch.nn.functional.dropout. A run with it and an attn=flash run from the same seed then drop the same
+    attention scores and, as both take the same draws from torch's generator, the same hidden units, so
+    their curves differ by rounding alone (quality parity, configs/attn/standard-matched.yaml). Off by
+    default: the mask costs a kernel launch and seqlen^2 bytes a head.
+    """
+
+    def __init__(self, dropout: float = 0.0, softmax_scale: float | None = None, kernel_dropout_mask: bool = False):
+        super().__init__(dropout, softmax_scale)
+        self.kernel_dropout_mask = kernel_dropout_mask
 
     def forward_padded(self, q, k, v, causal, key_padding_mask):
         mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
-        return standard_attention(
-            q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=causal, mask=mask
-        )
+        dropout_mask = None
+        if self.kernel_dropout_mask and self.dropout_p > 0:
+            from kernels.flash import draw_dropout_seed, dropout_keep_mask
+            from kernels.launch import _interpreting
+
+            if q.device.type != "cuda" and not _interpreting():
+                raise ValueError("kernel_dropout_mask draws the mask with a Triton kernel: it needs CUDA tensors "
+                                 f"(got {q.device}), or TRITON_INTERPRET=1 on the CPU")
+            seed = draw_dropout_seed(q.device)
+            dropout_mask = dropout_keep_mask(seed, q.shape[0], q.shape[2], q.shape[1], k.shape[1], self.dropout_p)
+        return standard_attention(q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=causal,
+                                  mask=mask, dropout_mask=dropout_mask)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", kernel_dropout_mask=True" if self.kernel_dropout_mask else "")
 
 
 class SDPAttention(Attention):
