@@ -1172,8 +1172,8 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
 # prototype, results/attention/tma_dq/README.md), hence dropout only. dQ's summation order then varies from run to
 # run, so torch.use_deterministic_algorithms(True) keeps the two kernels. Measured as integrated, on the H100
 # (results/attention/fused_bwd/README.md): 1.12x the two-kernel backward at head dim 16 (Path-X's shape), 1.07x
-# at 32, but 0.92x / 0.97x at 64 (GPT-2's / BERT's shapes). So by
-# default ("auto") it runs for head dims up to 32; FLASH_FUSED_DROPOUT_BWD=1 takes it to 64, =0 turns it off.
+# at 32, but 0.92x / 0.97x at 64 (GPT-2's / BERT's shapes). So by default ("auto") it runs for head dims up to
+# 32; FLASH_FUSED_DROPOUT_BWD=1 takes it to 64, =0 turns it off.
 def _fused_max_head_dim(setting: str) -> int:
     """FLASH_FUSED_DROPOUT_BWD's value -> the largest (padded) head dim that takes the fused backward."""
     limits = {"0": 0, "auto": 32, "1": 64}

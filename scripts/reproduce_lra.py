@@ -333,6 +333,7 @@ def read_run(run_dir: Path) -> dict | None:
     loss = {int(r["step"]): r["train/loss"] for part in calls for r in part if "train/loss" in r and "step" in r}
     call_log = read_calls(run_dir)
     source = OmegaConf.select(cfg, "data.source")
+    model = OmegaConf.to_container(cfg.model) if "model" in cfg else None
     micro, total = OmegaConf.select(cfg, "data.batch_size"), OmegaConf.select(cfg, "global_batch_size")
     accum = total // micro if isinstance(total, int) and isinstance(micro, int) and micro and total > micro else 1
     return {"dir": run_dir, "task": task, "kind": kind, "seed": OmegaConf.select(cfg, "seed"),
@@ -343,8 +344,7 @@ def read_run(run_dir: Path) -> dict | None:
             "val_curve": sorted(curve.items()), "train_loss_curve": sorted(loss.items()),
             "devices": run_devices(call_log),
             "speed": steady_speed(rows), "finished": finished(run_dir, rows, call_log),
-            "model": OmegaConf.to_container(cfg.model) if "model" in cfg else None,
-            "model_drift": model_drift(task, OmegaConf.to_container(cfg.model) if "model" in cfg else {})}
+            "model": model, "model_drift": model_drift(task, model)}
 
 
 def read_calls(run_dir: Path) -> list[dict] | None:
