@@ -112,6 +112,13 @@ def ours_row_overrides(workdir: str, attn: str, compile_, *extra: str) -> list[s
     return [f"attn={attn}", f"compile={str(compile_).lower()}", f"output_dir={workdir}/{name}", *extra]
 
 
+def metrics_files(run_dir: Path) -> list[Path]:
+    """A run's metrics files in call order: metrics.part1.csv, ..., metrics.csv (a resumed run keeps each
+    earlier call's metrics.csv as metrics.partK.csv, train/run.py)."""
+    parts = sorted(run_dir.glob("metrics.part*.csv"), key=lambda p: int(p.stem.removeprefix("metrics.part")))
+    return [*parts, run_dir / "metrics.csv"]
+
+
 def markdown_header(title: str, meta: dict) -> list[str]:
     """The first lines of every results table: title with the GPU, versions and date, the command."""
     versions = ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton", "cuda", "transformers") if meta.get(k))

@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import markdown_header, pyplot, rel, repo_path, repo_root, run_metadata
-from reproduce_lra import Runner, metrics_files, read_metrics, resume_checkpoint, show
+from _common import markdown_header, metrics_files, pyplot, rel, repo_path, repo_root, run_metadata
+from reproduce_lra import Runner, read_metrics, resume_checkpoint, show
 
 REPO = repo_root()
 LEVELS = (0.10, 0.11, 0.12, 0.13, 0.14, 0.15, 0.16, 0.18, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.72)

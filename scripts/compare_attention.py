@@ -31,34 +31,53 @@ import sys
 import time
 from pathlib import Path
 
-from _common import markdown_header, pyplot, rel_arg, repo_path, repo_root, run_metadata
+from _common import markdown_header, metrics_files, pyplot, rel_arg, repo_path, repo_root, run_metadata
 
 REPO = repo_root()
 
 
+SPEED_KEYS = ("perf/tokens_per_s", "perf/step_time_ms", "perf/mfu")
+
+
 def read_metrics(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every series of a run's metrics.csv (path) and of the metrics.partK.csv beside it, in call order: a run
+    chained over calls (ckpt_path=last) keeps each earlier call's file as a part (train/run.py), and its
+    evaluations before the last resume live there. A later call resumes from a checkpoint at or before where
+    the earlier one stopped, so what the earlier one logged from that step on is superseded. Each call's first
+    speed window (compilation and warm-up, again after a resume) is left out of the speed series when the call
+    logged more than one."""
     series: dict[str, list[tuple[int, float]]] = {}
-    with open(path) as f:
-        for row in csv.DictReader(f):
+    for part in metrics_files(path.parent):
+        if not part.exists():
+            continue
+        with open(part) as f:
+            rows = list(csv.DictReader(f))
+        if rows:
+            resumed_at = min(int(float(r.get("step") or 0)) for r in rows)
+            series = {k: [(s, v) for s, v in vals if s < resumed_at] for k, vals in series.items()}
+        windows = [r for r in rows if r.get("perf/tokens_per_s") not in ("", None)]
+        warmup = windows[0] if len(windows) > 1 else None
+        for row in rows:
             step = int(float(row.get("step") or 0))
             for k, v in row.items():
-                if k not in ("step", "epoch") and v not in ("", None):
-                    series.setdefault(k, []).append((step, float(v)))
+                if k in ("step", "epoch") or v in ("", None) or (row is warmup and k in SPEED_KEYS):
+                    continue
+                series.setdefault(k, []).append((step, float(v)))
     return series
 
 
 def summarize(series) -> dict:
+    """Mean speed over the steady windows (read_metrics leaves the warm-up ones out), peak memory, last values."""
     tps = [v for _, v in series.get("perf/tokens_per_s", [])]
     stm = [v for _, v in series.get("perf/step_time_ms", [])]
-    steady = slice(1, None) if len(tps) > 1 else slice(None)
     out = {}
     if tps:
-        out["tokens_per_s"] = sum(tps[steady]) / len(tps[steady])
-        out["step_time_ms"] = sum(stm[steady]) / len(stm[steady])
+        out["tokens_per_s"] = sum(tps) / len(tps)
+        out["step_time_ms"] = sum(stm) / len(stm)
     if series.get("perf/peak_mem_gib"):
         out["peak_mem_gib"] = max(v for _, v in series["perf/peak_mem_gib"])
     if series.get("perf/mfu"):
-        m = [v for _, v in series["perf/mfu"]][steady]
+        m = [v for _, v in series["perf/mfu"]]
         out["mfu"] = sum(m) / len(m)
     for key in ("val/ppl", "val/loss", "train/loss"):
         if series.get(key):

@@ -72,7 +72,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import markdown_header, pyplot, rel, repo_path, repo_root, run_metadata
+from _common import markdown_header, metrics_files, pyplot, rel, repo_path, repo_root, run_metadata
 
 REPO = repo_root()
 
@@ -274,13 +274,6 @@ def read_metrics(path: Path) -> list[dict]:
         for r in csv.DictReader(f):
             rows.append({k: float(v) for k, v in r.items() if k and v not in ("", None)})
     return rows
-
-
-def metrics_files(run_dir: Path) -> list[Path]:
-    """A run's metrics files in call order: metrics.part1.csv, ..., metrics.csv (a resumed run keeps each
-    earlier call's metrics.csv as metrics.partK.csv, train/run.py)."""
-    parts = sorted(run_dir.glob("metrics.part*.csv"), key=lambda p: int(p.stem.removeprefix("metrics.part")))
-    return [*parts, run_dir / "metrics.csv"]
 
 
 def last_value(rows: list[dict], key: str) -> float | None:

@@ -85,6 +85,28 @@ def test_compare_attention_summary(tmp_path):
     assert s["peak_mem_gib"] == 2.0 and s["val/ppl"] == 42.0 and s["train/loss"] == 3.0
 
 
+def test_compare_attention_reads_every_call_of_a_chained_run(tmp_path):
+    """A run resumed with ckpt_path=last keeps its first call's metrics.csv as metrics.part1.csv; its early
+    evaluations live there (the session-18 parity table lost them when only metrics.csv was read)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from compare_attention import finished, read_metrics, summarize
+
+    head = "epoch,perf/tokens_per_s,perf/step_time_ms,step,val/ppl\n"
+    (tmp_path / "metrics.part1.csv").write_text(head + "0,10.0,900.0,99,\n0,100.0,100.0,199,\n0,,,249,500.0\n"
+                                                "0,100.0,100.0,399,\n0,,,499,400.0\n0,,,749,999.0\n")
+    # the second call resumed from the checkpoint at step 600: its 749 replaces the first call's
+    (tmp_path / "metrics.csv").write_text(head + "0,20.0,800.0,649,\n0,300.0,50.0,699,\n0,,,749,300.0\n"
+                                          "0,,,999,250.0\n")
+    series = read_metrics(tmp_path / "metrics.csv")
+    assert series["val/ppl"] == [(249, 500.0), (499, 400.0), (749, 300.0), (999, 250.0)]
+    s = summarize(series)  # each call's first window (warm-up) left out: 100, 100, 300
+    assert abs(s["tokens_per_s"] - 500.0 / 3) < 1e-9 and s["val/ppl"] == 250.0
+    assert finished(tmp_path / "metrics.csv", 1000)
+
+
 def test_compare_attention_parity_and_reuse(tmp_path):
     import sys
     from pathlib import Path
