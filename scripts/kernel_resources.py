@@ -36,6 +36,9 @@ def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False) 
     """{"regs", "stack"} of one launch config; with sass, also "ops": the cubin's SASS opcode counts (static:
     every instruction of the kernel once, whether in a loop or not)."""
     names = jitfn.arg_names
+    # constexpr parameters left at their defaults (FUSED_DQ, DQ_TMA, REVERSE...) must be constants here too, as
+    # the launcher makes them: typed as runtime ints, an `if` on one compiles both branches
+    consts = {**{p.name: p.default for p in jitfn.params if p.is_constexpr and p.has_default}, **consts}
     sig = {}
     for a in names:
         if a in consts:

@@ -43,3 +43,12 @@ def test_fused_backward_compiles_for_sm90_with_the_tma_reduce():
     r = _compile_sm90("_bwd_dkdv_kernel", dict(HEAD_DIM=24, BLOCK_D=32, BLOCK_M=64, BLOCK_N=64, IS_CAUSAL=True,
                                                VARLEN=True, HAS_DROPOUT=True, FUSED_DQ=True, DQ_TMA=True), 4, 3)
     assert any(op.startswith("UTMARED") for op in r["ops"])  # the bulk tensor reduce, not element-wise atomics
+
+
+@needs_cuobjdump
+def test_constexpr_defaults_are_compiled_as_constants():
+    """`--kernels dkdv` left FUSED_DQ / DQ_TMA out of the constants, so they were typed as runtime ints and the
+    compile failed on the TMA branch (session 18); the tool now takes every constexpr default as the launcher does."""
+    r = _compile_sm90("_bwd_dkdv_kernel", dict(HEAD_DIM=32, BLOCK_D=32, BLOCK_M=32, BLOCK_N=32, IS_CAUSAL=False,
+                                               VARLEN=False, HAS_DROPOUT=False), 4, 2)
+    assert r["regs"] > 0 and not any(op.startswith("UTMARED") for op in r["ops"])  # the two-kernel form
