@@ -133,3 +133,13 @@ def test_compare_attention_parity_and_reuse(tmp_path):
     # --reuse reads max_steps from the composed config: the experiment's, or an override's
     assert configured_max_steps(["experiment=gpt2/small-parity"]) == 1500
     assert configured_max_steps(["experiment=gpt2/small-parity", "trainer.max_steps=20"]) == 20
+
+
+def test_progress_line():
+    from train.callbacks import progress_line
+
+    rec = {"step": 1000, "tokens_per_s": 350123.4, "step_time_ms": 45.8, "mfu": 0.2871, "peak_mem_gib": 9.43}
+    assert progress_line(rec, 12000, 3.2104) == ("step 1000/12000 (8%) | loss 3.210 | 350,123 tok/s | 45.8 ms/step | "
+                                                 "MFU 28.7% | 9.4 GiB | eta 8m 24s")
+    assert progress_line({**rec, "step_time_ms": 1000.0}, 12000, None).endswith("1000.0 ms/step | MFU 28.7% | 9.4 GiB | eta 3h 03m")
+    assert progress_line({"step": 7, "tokens_per_s": 10.0, "step_time_ms": 1.0}, -1, None) == "step 7 | 10 tok/s | 1.0 ms/step"

@@ -57,6 +57,16 @@ def test_smoke_cli_writes_everything_under_run_dir(embedded_data, tmp_path):
     assert (run_dir / ".hydra" / "config.yaml").exists()
 
 
+def test_progress_lines_when_the_bar_is_off(embedded_data, tmp_path, capsys):
+    """Scripts and detached runs turn the progress bar off; SpeedMonitor then prints one line per window."""
+    run_inprocess([], tmp_path / "run")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ")]
+    assert [ln.split(" | ")[0] for ln in lines] == ["step 5/20 (25%)", "step 10/20 (50%)", "step 15/20 (75%)",
+                                                    "step 20/20 (100%)"]
+    assert all(" | loss " in ln and " tok/s | " in ln and " ms/step" in ln for ln in lines)
+    assert " | eta " in lines[0] and " | eta " not in lines[-1]
+
+
 def test_resume_continues_the_same_curve(embedded_data, tmp_path):
     common = ["trainer.max_steps=8", "callbacks.checkpoint.every_n_train_steps=4",
               "trainer.log_every_n_steps=1", "trainer.limit_val_batches=2", "eval_every_steps=8",

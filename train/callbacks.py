@@ -71,6 +71,9 @@ class SpeedMonitor(L.Callback):
     (and, with several ranks, one all-reduce of the token counts), so logging costs one sync per
     window, not per step. The first window (compilation, cudnn autotune, allocator growth) is logged
     but kept out of `steady_state()`.
+
+    With the progress bar off (trainer.enable_progress_bar=false: scripts, logs of detached runs) each window
+    also prints one progress line on rank 0, `progress_line`, so a long run says where it is and when it will end.
     """
 
     def __init__(self, every: int = 10, peak_flops: float | None = None):
@@ -119,6 +122,9 @@ class SpeedMonitor(L.Callback):
             rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
             metrics["perf/peak_mem_gib"] = rec["peak_mem_gib"]
         self.history.append(rec)
+        if trainer.progress_bar_callback is None and trainer.is_global_zero:
+            loss = trainer.callback_metrics.get("train/loss")
+            print(progress_line(rec, trainer.max_steps, None if loss is None else float(loss)), flush=True)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False)
         pl_module.log("tok/s", rec["tokens_per_s"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
         self._tokens = self._sum_sq = 0
@@ -138,6 +144,25 @@ class SpeedMonitor(L.Callback):
         if "peak_mem_gib" in rows[-1]:
             out["peak_mem_gib"] = max(r["peak_mem_gib"] for r in rows)
         return out
+
+
+def progress_line(rec: dict, max_steps: int | None, loss: float | None) -> str:
+    """'step 1000/12000 (8%) | loss 3.210 | 350,123 tok/s | 45.8 ms/step | MFU 28.7% | 9.4 GiB | eta 8m 24s'
+    from one SpeedMonitor window record; parts it has no value for are left out."""
+    step = rec["step"]
+    total = max_steps if max_steps and max_steps > 0 else None
+    parts = [f"step {step}/{total} ({100 * step / total:.0f}%)" if total else f"step {step}"]
+    if loss is not None:
+        parts.append(f"loss {loss:.3f}")
+    parts += [f"{rec['tokens_per_s']:,.0f} tok/s", f"{rec['step_time_ms']:.1f} ms/step"]
+    if "mfu" in rec:
+        parts.append(f"MFU {100 * rec['mfu']:.1f}%")
+    if "peak_mem_gib" in rec:
+        parts.append(f"{rec['peak_mem_gib']:.1f} GiB")
+    if total and step < total:
+        eta = round((total - step) * rec["step_time_ms"] / 1000)
+        parts.append("eta " + (f"{eta // 3600}h {eta % 3600 // 60:02d}m" if eta >= 3600 else f"{eta // 60}m {eta % 60:02d}s"))
+    return " | ".join(parts)
 
 
 def _software() -> str:
