@@ -4,7 +4,8 @@
     python scripts/compare_attention.py --attn standard,sdpa debug=smoke --out outputs/cmp
 
 Every extra argument is a Hydra override passed to each `train/run.py` run unchanged; only `attn=`
-differs. Each run writes its own folder under --runs-dir/<attn>/ (metrics.csv, .hydra, run.log; default
+differs. Each run writes its own folder under --runs-dir/<attn>/ (metrics.csv, .hydra, run.log, console.log: the
+run's whole output, whose progress lines are echoed here as they come; default
 outputs/compare_attention/). The table (compare_attention.md, .json) and plot (compare_attention.png) go
 to --out (default results/training/) with the GPU, library versions, date and command; relative paths
 count from the repo root. Tokens/s and step time are the SpeedMonitor windows after the first
@@ -114,11 +115,13 @@ def main(argv=None):
             print(attn, "finished run reused:", rel_arg(str(run_dir)), flush=True)
             continue
         t = time.time()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+        returncode, output, timed_out = run_streaming(cmd, args.timeout, attn, run_dir / "console.log")
         row["wall_s"] = round(time.time() - t, 1)
-        if p.returncode != 0 or not metrics.exists():
-            lines = [ln for ln in (p.stderr + p.stdout).strip().splitlines()
-                     if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
+        if timed_out:
+            row["error"] = (f"timed out after {args.timeout} s; its last checkpoint stays in {rel_arg(str(run_dir))}: "
+                            "the same command with ckpt_path=last (and --reuse) continues it")
+        elif returncode != 0 or not metrics.exists():
+            lines = [ln for ln in output if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
             # the exception's own line (the last "...Error: ..."), else Hydra's summary line
             cause = [ln for ln in lines if re.match(r"\s*[\w.]+(Error|Exception): ", ln)]
             summary = next((ln for ln in lines if "Error" in ln or "Could not" in ln), lines[-1] if lines else "?")
@@ -133,6 +136,51 @@ def main(argv=None):
 
     plot(rows, out / f"{args.name}.png", env)
     print("\n".join(md))
+
+
+PROGRESS = re.compile(r"^(step \d|done: |call \d+: |stopped by |Traceback|\S*(Error|Exception): )")
+
+
+def run_streaming(cmd: list[str], timeout: float, name: str, log: Path) -> tuple[int, list[str], bool]:
+    """Run one training run with its whole console output in `log` and its progress lines (train/run.py prints one
+    per logging window with the bar off), the end of a call and errors echoed here as they come, prefixed with the
+    attention kind. After `timeout` seconds the run's whole process group is stopped (SIGTERM: it saves a
+    checkpoint at the next step; SIGKILL 60 s later). Returns (exit code, output lines, timed out)."""
+    import os
+    import signal
+    import threading
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    timed_out = threading.Event()
+
+    def stop():
+        for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait)
+                return
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+
+    timer = threading.Timer(timeout, lambda: (timed_out.set(), stop()))
+    timer.start()
+    lines = []
+    try:
+        with open(log, "a") as f:  # a run chained over calls keeps every call's output
+            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+            for line in proc.stdout:
+                f.write(line)
+                lines.append(line.rstrip("\n"))
+                if PROGRESS.match(line):
+                    print(f"[{name}] {line}", end="", flush=True)
+        proc.wait()
+    finally:  # Ctrl-C here, or any error: the run has its own session, so stop it too rather than orphan it
+        timer.cancel()
+        if proc.poll() is None:
+            stop()
+    return proc.returncode, lines, timed_out.is_set()
 
 
 def configured_max_steps(overrides: list[str]) -> int | None:

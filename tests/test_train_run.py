@@ -197,3 +197,20 @@ def test_sigterm_stops_at_a_step_with_a_checkpoint_and_resumes(embedded_data, tm
         second = list(csv.DictReader(f))[-1]
     assert (second["start_step"], second["end_step"], second["status"]) == (str(stopped_at), str(stopped_at + 2),
                                                                              "finished")
+
+
+def test_compare_attention_streams_progress_and_reports_a_timeout(embedded_data, tmp_path):
+    """compare_attention echoes each run's progress lines as they come, keeps the whole output in the run folder,
+    and turns a run that outlives --timeout into an error row (its process group stopped) instead of crashing."""
+    base = [sys.executable, "scripts/compare_attention.py", "--runs-dir", str(tmp_path / "runs"), "--out",
+            str(tmp_path / "out"), "debug=smoke"]
+    p = subprocess.run([*base, "--attn", "standard", "--name", "ok"], cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "[standard] step 5/20 (25%) | loss " in p.stdout and "[standard] done: 20 steps" in p.stdout
+    assert "step 20/20" in (tmp_path / "runs" / "standard" / "console.log").read_text()
+    p = subprocess.run([*base, "--attn", "sdpa", "--name", "cut", "--timeout", "3"], cwd=REPO, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    table = (tmp_path / "out" / "cut.md").read_text()
+    assert "timed out after 3" in table, table
