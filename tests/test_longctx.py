@@ -211,7 +211,7 @@ def test_time_budget_stops_a_call_with_a_checkpoint(tmp_path):
     # an earlier call killed from outside left its row "running"
     (tmp_path / "calls.csv").write_text("call,start_step,status\n1,0,running\n")
     trainer, _ = run(tmp_path, "trainer.max_steps=50", "callbacks.checkpoint.every_n_train_steps=100",
-                     "callbacks.calls.budget_s=0")
+                     "callbacks.calls.budget_s=0", "ckpt_path=last")  # the chained command, no checkpoint yet
     assert trainer.global_step == 1
     killed, call = rows(tmp_path / "calls.csv")
     assert killed["status"] == "killed (no end recorded)" and call["call"] == "2"

@@ -67,6 +67,20 @@ def test_progress_lines_when_the_bar_is_off(embedded_data, tmp_path, capsys):
     assert " | eta " in lines[0] and " | eta " not in lines[-1]
 
 
+def test_a_fresh_run_in_an_occupied_folder_sets_the_earlier_run_aside(embedded_data, tmp_path, capsys):
+    """Running the same command twice without ckpt_path: Lightning would delete the first run's metrics.csv and
+    the second run's checkpoints would replace its own; train/run.py moves them to previous-1/ first."""
+    out = tmp_path / "run"
+    run_inprocess(["trainer.max_steps=10"], out)
+    first = metrics(out)
+    run_inprocess(["trainer.max_steps=5"], out)
+    assert f"its files are now in {out / 'previous-1'} (to continue that run instead" in capsys.readouterr().out
+    assert metrics(out / "previous-1") == first and max(series(first, "train/loss")) == 9
+    assert max(series(metrics(out), "train/loss")) == 4  # the new run's own metrics only
+    assert (out / "previous-1" / "checkpoints" / "last.ckpt").exists() and (out / "checkpoints" / "last.ckpt").exists()
+    assert (out / "previous-1" / "calls.csv").read_text().count("\n") == 2  # header + the first run's one call
+
+
 def test_resume_continues_the_same_curve(embedded_data, tmp_path):
     common = ["trainer.max_steps=8", "callbacks.checkpoint.every_n_train_steps=4",
               "trainer.log_every_n_steps=1", "trainer.limit_val_batches=2", "eval_every_steps=8",

@@ -18,7 +18,8 @@ Chained runs: `ckpt_path=last` resumes from <run dir>/checkpoints/last.ckpt when
 fresh when not, so every call of a run split over several invocations is the same command; the
 callbacks.calls limits (budget_s, max_steps) end a call with a checkpoint, and calls.csv records which
 steps each call covered. A resumed run keeps the earlier metrics.csv as metrics.partK.csv (Lightning's
-CSV logger would delete it).
+CSV logger would delete it). A fresh run (no ckpt_path) in a folder that already holds a run moves that run's
+files to <run dir>/previous-K/ first, so running a command twice never loses the first run.
 
 Curriculum: `init_from=PATH` starts from the weights of a checkpoint trained on smaller images, its
 learned position table interpolated on the 2D pixel grid (models.layers.load_resizing_positions);
@@ -157,6 +158,31 @@ def keep_earlier_metrics(run_dir) -> Path | None:
     return m.parent / f"metrics.part{k}.csv"
 
 
+RUN_FILES = ("metrics.csv", "metrics.part*.csv", "calls.csv", "hparams.yaml", "checkpoints", "profile.md",
+             "profile.json")
+
+
+def set_aside_earlier_run(run_dir) -> Path | None:
+    """A fresh run (no ckpt_path) in a folder that holds an earlier run: Lightning's CSV logger would delete its
+    metrics and the new checkpoints would replace its own. Move what it wrote (RUN_FILES; Hydra has already
+    rewritten .hydra) to <run dir>/previous-K/ and say so, so nothing is lost and the new run starts clean."""
+    run_dir = Path(run_dir)
+    found = [p for pattern in RUN_FILES for p in sorted(run_dir.glob(pattern))]
+    if not found:
+        return None
+    k = 1
+    while (run_dir / f"previous-{k}").exists():
+        k += 1
+    dest = run_dir / f"previous-{k}"
+    dest.mkdir()
+    for p in found:
+        os.replace(p, dest / p.name)
+    hint = " (to continue that run instead: the same command with ckpt_path=last)" \
+        if (dest / "checkpoints" / "last.ckpt").exists() else ""
+    print(f"{run_dir} held an earlier run; its files are now in {dest}{hint}", flush=True)
+    return dest
+
+
 def has_test_split(datamodule, task) -> bool:
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -165,8 +191,11 @@ def has_test_split(datamodule, task) -> bool:
 
 def train(cfg: DictConfig):
     resume = resume_path(cfg)
-    if resume is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # DDP: ranks > 0 start later
-        keep_earlier_metrics(cfg.output_dir)
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # DDP: ranks > 0 start later
+        if resume is not None:
+            keep_earlier_metrics(cfg.output_dir)
+        elif not cfg.get("ckpt_path"):  # ckpt_path=last without a checkpoint yet: a chained run's own first steps
+            set_aside_earlier_run(cfg.output_dir)
     datamodule, task, trainer = build(cfg)
     trainer.fit(task, datamodule=datamodule, ckpt_path=resume)
     finished = trainer.global_step >= cfg.trainer.max_steps  # not a call stopped by callbacks.calls limits
