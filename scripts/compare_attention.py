@@ -26,9 +26,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -146,10 +149,6 @@ def run_streaming(cmd: list[str], timeout: float, name: str, log: Path) -> tuple
     per logging window with the bar off), the end of a call and errors echoed here as they come, prefixed with the
     attention kind. After `timeout` seconds the run's whole process group is stopped (SIGTERM: it saves a
     checkpoint at the next step; SIGKILL 60 s later). Returns (exit code, output lines, timed out)."""
-    import os
-    import signal
-    import threading
-
     log.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
