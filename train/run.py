@@ -217,6 +217,8 @@ def main(cfg: DictConfig):
         print(f"stopped by SIGTERM; the same command with ckpt_path=last resumes ({cfg.output_dir}/calls.csv)",
               flush=True)
         sys.exit(128 + signal.SIGTERM)  # a shell's code for a TERM-ended process, not success
+    if not trainer.is_global_zero:  # DDP: one summary, rank 0's (other ranks' train/ values are their shard's)
+        return
     final = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "train/", "test/"))}
     from train.callbacks import SpeedMonitor
 
