@@ -582,9 +582,13 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, c
                      dqa_rows, TUNE_Q, TUNE_K,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                     FUSED_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False):
+                     FUSED_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False, GQA: tl.constexpr = True):
     # FUSED_DQ: also add each tile pair's dQ to DQA (float32, (dqa_rows, nheads * HEAD_DIM)), so no dQ kernel runs
     # and the dropout mask is drawn once (see `_fused_bwd`); without it DQA and dqa_rows are unused.
+    # GQA: several query heads share this key/value head (group > 1), so loop over them. Without it the loop has a
+    # constant single trip: the runtime-bounded outer loop alone cost up to ~440 bytes of spills per thread
+    # (head dim 128, (64, 128, 8, 3), causal: 448 -> 8; GPT-2's shape with dropout, (32, 64, 4, 4): 40 -> 0;
+    # sm_90 compile, results/attention/kernel_resources/sm90_gqa_loop.md).
     start_n = tl.program_id(0) * BLOCK_N
     bhk = tl.program_id(1)
     nheads_k = nheads // group
@@ -620,7 +624,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, c
         dq_desc = tl.make_tensor_descriptor(DQA, shape=[dqa_rows, nheads * HEAD_DIM], strides=[nheads * HEAD_DIM, 1],
                                             block_shape=[BLOCK_M, BLOCK_D])
     row0 = q_start if VARLEN else b * seqlen_q  # this sequence's first row in DQA
-    for g in range(0, group):
+    for g in range(0, group if GQA else 1):
         h = hk * group + g
         bh = b * nheads + h
         q_base = Q + b64 * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qm
@@ -1155,11 +1159,11 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
             _ensure_tma_allocator()
         _launch("fused", _bwd_dkdv_kernel, _fused_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
                 (q, k, v, do, dk, dv, dqa, lse, delta, seed, *common, *dkdv_strides, rows, *tune),
-                dict(consts, FUSED_DQ=True, DQ_TMA=tma), (q.dtype, do.dtype, dk.dtype))
+                dict(consts, FUSED_DQ=True, DQ_TMA=tma, GQA=group > 1), (q.dtype, do.dtype, dk.dtype))
         dq.copy_(dqa.view(q.shape).mul_(softmax_scale))
         return dq, dk, dv
     _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
-            (q, k, v, do, dk, dv, dk, lse, delta, seed, *common, *dkdv_strides, 0, *tune), consts,
+            (q, k, v, do, dk, dv, dk, lse, delta, seed, *common, *dkdv_strides, 0, *tune), dict(consts, GQA=group > 1),
             (q.dtype, do.dtype, dk.dtype))
     _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
             (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune),

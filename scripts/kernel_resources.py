@@ -87,6 +87,9 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dropout", action="store_true")
+    ap.add_argument("--gqa", action="store_true",
+                    help="dkdv / fused: the grouped-query form (a loop over the query heads of each key head); "
+                         "without it, what every launch with as many key heads as query heads compiles")
     ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq", "fused"],
                     help="fused: the dK/dV kernel that also adds dQ through the TMA reduce (kernels/flash.py _fused_bwd)")
     ap.add_argument("--sass-dropout", action="store_true",
@@ -104,7 +107,7 @@ def main():
         for kind in args.kernels:
             print("\n".join(dropout_sass(kind, kernels[kind][0], fallback[kind], d, args.causal)), flush=True)
         return
-    print(f"sm_90, head dim {d}, causal={args.causal}, dropout={args.dropout}, triton {triton.__version__}, "
+    print(f"sm_90, head dim {d}, causal={args.causal}, dropout={args.dropout}, gqa={args.gqa}, triton {triton.__version__}, "
           f"{meta['date']}, `{meta['command']}`")
     print("| kernel | (BLOCK_M, BLOCK_N, warps, stages) | registers | spill stack (bytes) | note |")
     print("|---|---|---:|---:|---|")
@@ -116,6 +119,8 @@ def main():
                           VARLEN=False, HAS_DROPOUT=args.dropout)
             if "REVERSE" in jitfn.arg_names:
                 consts["REVERSE"] = False
+            if kind in ("dkdv", "fused"):
+                consts["GQA"] = args.gqa
             if kind == "fused":
                 consts.update(FUSED_DQ=True, DQ_TMA=True)
             r = resources(jitfn, consts, w, s)

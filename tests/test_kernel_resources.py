@@ -52,3 +52,13 @@ def test_constexpr_defaults_are_compiled_as_constants():
     r = _compile_sm90("_bwd_dkdv_kernel", dict(HEAD_DIM=32, BLOCK_D=32, BLOCK_M=32, BLOCK_N=32, IS_CAUSAL=False,
                                                VARLEN=False, HAS_DROPOUT=False), 4, 2)
     assert r["regs"] > 0 and not any(op.startswith("UTMARED") for op in r["ops"])  # the two-kernel form
+
+
+@needs_cuobjdump
+def test_dkdv_without_grouped_heads_has_no_runtime_head_loop():
+    """Without GQA the dK/dV kernel's loop over grouped query heads has a constant single trip: the runtime-bounded
+    loop cost 45 registers and 40 bytes of spills at GPT-2's shape (results/attention/kernel_resources/sm90_gqa_loop.md)."""
+    consts = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=32, BLOCK_N=64, IS_CAUSAL=True, VARLEN=False, HAS_DROPOUT=True)
+    grouped = _compile_sm90("_bwd_dkdv_kernel", dict(consts, GQA=True), 4, 4)
+    single = _compile_sm90("_bwd_dkdv_kernel", dict(consts, GQA=False), 4, 4)
+    assert single["stack"] == 0 and single["regs"] + 16 <= grouped["regs"], (single, grouped)
