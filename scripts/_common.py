@@ -14,7 +14,10 @@ import os
 import platform
 import re
 import shlex
+import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,6 +113,48 @@ def ours_row_overrides(workdir: str, attn: str, compile_, *extra: str) -> list[s
     "model") and extra overrides, and its own scratch folder under workdir."""
     name = "-".join([attn, str(compile_), *(e.replace("=", "-") for e in extra)])
     return [f"attn={attn}", f"compile={str(compile_).lower()}", f"output_dir={workdir}/{name}", *extra]
+
+
+def run_in_group(cmd: list[str], log: Path, timeout: float | None = None, echo=None,
+                 stop_signal: int = signal.SIGTERM, grace: float = 60) -> tuple[int, list[str], bool]:
+    """Run `cmd` from the repo root in its own session (process group: DDP ranks, DataLoader workers), its output
+    appended to `log` line by line; echo(line) returns what to print of a line as it comes, or None. After `timeout` seconds the
+    group gets `stop_signal` (train/run.py stops at the next optimizer step with a checkpoint on SIGTERM, Lightning
+    gracefully on SIGINT) and SIGKILL `grace` seconds later; Ctrl-C here, or any error, stops it the same way
+    rather than orphaning it. Returns (exit code, this run's output lines, timed out)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    timed_out = threading.Event()
+
+    def stop():
+        for sig, wait in ((stop_signal, grace), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait)
+                return
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+
+    timer = threading.Timer(timeout, lambda: (timed_out.set(), stop())) if timeout is not None else None
+    if timer:
+        timer.start()
+    lines = []
+    try:
+        with open(log, "a") as f:
+            for line in proc.stdout:
+                f.write(line)
+                lines.append(line.rstrip("\n"))
+                shown = echo(line) if echo is not None else None
+                if shown is not None:
+                    print(shown, end="", flush=True)
+        proc.wait()
+    finally:
+        if timer:
+            timer.cancel()
+        if proc.poll() is None:
+            stop()
+    return proc.returncode, lines, timed_out.is_set()
 
 
 def metrics_files(run_dir: Path) -> list[Path]:

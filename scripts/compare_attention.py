@@ -26,16 +26,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from _common import markdown_header, metrics_files, pyplot, rel_arg, repo_path, repo_root, run_metadata
+from _common import markdown_header, metrics_files, pyplot, rel_arg, repo_path, repo_root, run_in_group, run_metadata
 
 REPO = repo_root()
 
@@ -118,7 +114,12 @@ def main(argv=None):
             print(attn, "finished run reused:", rel_arg(str(run_dir)), flush=True)
             continue
         t = time.time()
-        returncode, output, timed_out = run_streaming(cmd, args.timeout, attn, run_dir / "console.log")
+        log = run_dir / "console.log"  # a run chained over calls keeps every call's output
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as f:
+            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        returncode, output, timed_out = run_in_group(
+            cmd, log, args.timeout, echo=lambda line: f"[{attn}] {line}" if PROGRESS.match(line) else None)
         row["wall_s"] = round(time.time() - t, 1)
         if timed_out:
             row["error"] = (f"timed out after {args.timeout} s; its last checkpoint stays in {rel_arg(str(run_dir))}: "
@@ -141,45 +142,9 @@ def main(argv=None):
     print("\n".join(md))
 
 
+# What compare_attention echoes of a run's output: train/run.py's progress lines (one per logging window with the
+# bar off), the end of each call, and errors
 PROGRESS = re.compile(r"^(step \d|done: |call \d+: |stopped by |Traceback|\S*(Error|Exception): )")
-
-
-def run_streaming(cmd: list[str], timeout: float, name: str, log: Path) -> tuple[int, list[str], bool]:
-    """Run one training run with its whole console output in `log` and its progress lines (train/run.py prints one
-    per logging window with the bar off), the end of a call and errors echoed here as they come, prefixed with the
-    attention kind. After `timeout` seconds the run's whole process group is stopped (SIGTERM: it saves a
-    checkpoint at the next step; SIGKILL 60 s later). Returns (exit code, output lines, timed out)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    timed_out = threading.Event()
-
-    def stop():
-        for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=wait)
-                return
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
-
-    timer = threading.Timer(timeout, lambda: (timed_out.set(), stop()))
-    timer.start()
-    lines = []
-    try:
-        with open(log, "a") as f:  # a run chained over calls keeps every call's output
-            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
-            for line in proc.stdout:
-                f.write(line)
-                lines.append(line.rstrip("\n"))
-                if PROGRESS.match(line):
-                    print(f"[{name}] {line}", end="", flush=True)
-        proc.wait()
-    finally:  # Ctrl-C here, or any error: the run has its own session, so stop it too rather than orphan it
-        timer.cancel()
-        if proc.poll() is None:
-            stop()
-    return proc.returncode, lines, timed_out.is_set()
 
 
 def configured_max_steps(overrides: list[str]) -> int | None:

@@ -117,8 +117,6 @@ def main():
             m, n, w, s = cfg
             consts = dict(HEAD_DIM=d, BLOCK_D=F._block_d(d), BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=args.causal,
                           VARLEN=False, HAS_DROPOUT=args.dropout)
-            if "REVERSE" in jitfn.arg_names:
-                consts["REVERSE"] = False
             if kind in ("dkdv", "fused"):
                 consts["GQA"] = args.gqa
             if kind == "fused":

@@ -63,16 +63,14 @@ import csv
 import functools
 import json
 import math
-import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import markdown_header, metrics_files, pyplot, rel, repo_path, repo_root, run_metadata
+from _common import markdown_header, metrics_files, pyplot, rel, repo_path, repo_root, run_in_group, run_metadata
 
 REPO = repo_root()
 
@@ -790,20 +788,11 @@ class Runner:
         if self.left() < self.min_run:
             return "no time"
         limit = min(self.left(), timeout or math.inf)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "a") as f:
-            p = subprocess.Popen([sys.executable, *cmd[1:]], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-            try:
-                rc = p.wait(timeout=None if math.isinf(limit) else limit)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGINT)  # Lightning stops gracefully; the last checkpoint stays
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-                return "cut off"
+        # on the limit, SIGINT: Lightning stops gracefully and the last checkpoint stays
+        rc, _, cut = run_in_group([sys.executable, *cmd[1:]], log, None if math.isinf(limit) else limit,
+                                  stop_signal=signal.SIGINT, grace=30)
+        if cut:
+            return "cut off"
         return "ok" if rc == 0 else "failed"
 
 

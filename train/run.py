@@ -151,11 +151,17 @@ def keep_earlier_metrics(run_dir) -> Path | None:
     m = Path(run_dir) / "metrics.csv"
     if not m.exists():
         return None
+    part = first_unused(m.parent, "metrics.part{}.csv")
+    os.replace(m, part)
+    return part
+
+
+def first_unused(folder: Path, name: str) -> Path:
+    """folder / name.format(k) for the smallest k >= 1 that does not exist yet."""
     k = 1
-    while (m.parent / f"metrics.part{k}.csv").exists():
+    while (folder / name.format(k)).exists():
         k += 1
-    os.replace(m, m.parent / f"metrics.part{k}.csv")
-    return m.parent / f"metrics.part{k}.csv"
+    return folder / name.format(k)
 
 
 RUN_FILES = ("metrics.csv", "metrics.part*.csv", "calls.csv", "hparams.yaml", "checkpoints", "profile.md",
@@ -170,10 +176,7 @@ def set_aside_earlier_run(run_dir) -> Path | None:
     found = [p for pattern in RUN_FILES for p in sorted(run_dir.glob(pattern))]
     if not found:
         return None
-    k = 1
-    while (run_dir / f"previous-{k}").exists():
-        k += 1
-    dest = run_dir / f"previous-{k}"
+    dest = first_unused(run_dir, "previous-{}")
     dest.mkdir()
     for p in found:
         os.replace(p, dest / p.name)
