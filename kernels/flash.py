@@ -54,7 +54,6 @@ so torch.compile(fullgraph=True) traces through them) -> public `flash_attn_func
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -1163,48 +1162,13 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
                 dict(consts, FUSED_DQ=True, DQ_TMA=tma, GQA=group > 1), (q.dtype, do.dtype, dk.dtype))
         dq.copy_(dqa.view(q.shape).mul_(softmax_scale))
         return dq, dk, dv
-    side = _dq_side_stream(q)
-    if side is not None:
-        main = torch.cuda.current_stream(q.device)
-        side.wait_stream(main)  # delta (and the inputs) are written on the caller's stream
     _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
             (q, k, v, do, dk, dv, dk, lse, delta, seed, *common, *dkdv_strides, 0, *tune), dict(consts, GQA=group > 1),
             (q.dtype, do.dtype, dk.dtype))
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
-                (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune),
-                dict(consts, REVERSE=causal), (q.dtype, do.dtype, dq.dtype))
-    if side is not None:
-        # Joined before anything after this runs on the caller's stream, so no tensor the dQ kernel touches can be
-        # freed and reused under it: no record_stream needed (it would defer every free to an event query).
-        main.wait_stream(side)
+    _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
+            (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune),
+            dict(consts, REVERSE=causal), (q.dtype, do.dtype, dq.dtype))
     return dq, dk, dv
-
-
-# The dQ kernel reads only what the dK/dV kernel reads and writes only dQ, so the two may run at once: dQ is
-# launched on a second stream, forked from the caller's and joined back (fork and join are events, so this also
-# holds under CUDA-graph capture). Where one kernel's last wave leaves SMs idle the other fills them. Measured on
-# the H100 with the shipped kernels (results/attention/bwd_streams/): 1.11x / 1.07x the one-stream backward at
-# GPT-2's shape without / with dropout, 1.06x at a BERT-like one, within +-2% at head dim 128 from 4K.
-# Results are bit-identical either way. FLASH_BWD_DQ_STREAM=0 keeps both kernels on the caller's stream.
-def _side_stream_setting(setting: str) -> bool:
-    if setting not in ("0", "1"):
-        raise ValueError(f"FLASH_BWD_DQ_STREAM={setting!r}: expected '0' or '1'")
-    return setting == "1"
-
-
-BWD_DQ_SIDE_STREAM = _side_stream_setting(os.environ.get("FLASH_BWD_DQ_STREAM", "1"))
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _dq_side_stream(q: torch.Tensor):
-    """The stream the dQ kernel runs on beside dK/dV (one per device, made once), or None: the caller's."""
-    if not BWD_DQ_SIDE_STREAM or not q.is_cuda or _interpreting():
-        return None
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index]
 
 
 # The fused backward: the dK/dV kernel also adds dQ (atomically, through Hopper's TMA reduce), so no dQ kernel

@@ -229,13 +229,6 @@ def test_fused_backward_setting():
         fl._fused_max_head_dim("yes")
 
 
-def test_dq_side_stream_setting():
-    assert [fl._side_stream_setting(v) for v in ("0", "1")] == [False, True]
-    with pytest.raises(ValueError, match="FLASH_BWD_DQ_STREAM='on'"):
-        fl._side_stream_setting("on")
-    assert fl._dq_side_stream(torch.zeros(1)) is None  # CPU tensors (the interpreter) keep one stream
-
-
 def test_dropout_seeded_fresh_and_unbiased(device):
     b, n, h, d, p = 1, 64, 4, 16, 0.25
     q, k, _ = _inputs(b, n, n, h, h, d, torch.float32, device)
@@ -477,45 +470,6 @@ def test_gpu_varlen_bf16():
     for i in range(len(lengths)):
         s = slice(int(cu[i]), int(cu[i + 1]))
         assert torch.equal(out[s], flash_attn_func(q[s][None], k[s][None], v[s][None], causal=True)[0])
-
-
-def _grads(q, k, v, causal, dropout_p, seed=3):
-    torch.manual_seed(seed)
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    flash_attn_func(q, k, v, dropout_p=dropout_p, causal=causal).float().square().sum().backward()
-    return q.grad, k.grad, v.grad
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
-def test_gpu_dq_side_stream_is_bit_identical(monkeypatch, dropout_p):
-    # dQ on the side stream must change nothing but timing, eager and inside a captured CUDA graph (where the
-    # fork and join must be part of the capture, or replay would read dQ before it is written).
-    q, k, v = _inputs(4, 1024, 1024, 12, 12, 64, torch.bfloat16, "cuda")
-    monkeypatch.setattr(fl, "BWD_DQ_SIDE_STREAM", False)
-    one = _grads(q, k, v, True, dropout_p)
-    monkeypatch.setattr(fl, "BWD_DQ_SIDE_STREAM", True)
-    assert fl._dq_side_stream(q) is not None
-    two = _grads(q, k, v, True, dropout_p)
-    assert all(torch.equal(a, b) for a, b in zip(one, two))
-
-    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    capture = torch.cuda.Stream()
-    capture.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(capture):  # warm-up outside the capture (tuning, compilation)
-        flash_attn_func(*inputs, causal=True).float().square().sum().backward()
-    torch.cuda.current_stream().wait_stream(capture)
-    for t in inputs:
-        t.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        flash_attn_func(*inputs, causal=True).float().square().sum().backward()
-    for t in inputs:
-        t.grad.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = _grads(q, k, v, True, 0.0)
-    assert all(torch.equal(t.grad, e) for t, e in zip(inputs, eager))
 
 
 def compiled_variants(*kernels) -> int:
