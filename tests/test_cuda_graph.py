@@ -164,3 +164,101 @@ def test_lra_image_smoke_run_with_cuda_graph(tmp_path):
     loss = series(rows, "train/loss")
     assert loss and all(v == v and v > 0 for v in loss.values())
     assert series(rows, "val/acc") and series(rows, "perf/step_time_ms")
+
+
+# ---- cuda_graph=step: the whole training step as one graph ----------------------------------------
+
+class _EagerReplay:
+    """A stand-in for a captured step on the CPU: replay() runs the step's body on the static batch and
+    writes its outputs into the same output tensors, as a graph's replay does. Capturing runs nothing."""
+
+    def __init__(self, body, static_batch):
+        self.body, self.batch = body, static_batch
+        self.out = (torch.zeros(()), {})
+
+    def replay(self):
+        loss, logs = self.body(self.batch)
+        self.out[0].copy_(loss)
+        for k, v in logs.items():
+            self.out[1].setdefault(k, torch.zeros_like(v)).copy_(v)
+
+
+def _fake_capture(body, static_batch):
+    g = _EagerReplay(body, static_batch)
+    return g, g.out
+
+
+def test_unknown_cuda_graph_mode_is_refused():
+    with pytest.raises(ValueError, match="choose false, true"):
+        ClassificationTask(classifier(), cuda_graph="model")
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU refusal")
+def test_cpu_run_with_step_graph_says_it_needs_a_gpu(tmp_path):
+    from tests.test_train_run import run_inprocess
+
+    with pytest.raises(ValueError, match="cuda_graph=step: it needs a CUDA device"):
+        run_inprocess(["experiment=lra/image", "cuda_graph=step", "trainer.max_steps=2"], tmp_path)
+
+
+def test_step_graph_loop_trains_as_eager(tmp_path, monkeypatch):
+    """The loop around the graph (CPU, a stand-in replay): eager steps, then capture + replay, the batch copied
+    into the static inputs each step, Lightning's step count, the scheduler, the logs, a checkpoint and a resumed
+    run: every logged loss and the final weights equal those of the eager run with the same seed."""
+    import train.cuda_graph as cg
+    import train.task as task_module
+    from tests.test_train_run import metrics, run_inprocess, series
+
+    monkeypatch.setattr(cg, "_cuda_capture", _fake_capture)
+    monkeypatch.setattr(task_module.Task, "cuda_graph_problems", lambda self: [])
+    monkeypatch.setattr(task_module, "_optimizer_for_capture", lambda opt, device: None)  # CPU AdamW can't
+    common = ["experiment=lra/image", "trainer.log_every_n_steps=1", "eval_every_steps=6",
+              "callbacks.checkpoint.every_n_train_steps=6", "scheduler.warmup_steps=3"]
+    runs = {}
+    for mode in ("false", "step"):
+        out = tmp_path / mode
+        run_inprocess(common + [f"cuda_graph={mode}", "trainer.max_steps=6"], out)
+        run_inprocess(common + [f"cuda_graph={mode}", "trainer.max_steps=10", "ckpt_path=last"], out)
+        rows = []
+        for f in sorted(out.glob("metrics*.csv")):
+            rows += metrics_rows(f)
+        runs[mode] = (series(rows, "train/loss"), series(rows, "train/acc"),
+                      torch.load(out / "checkpoints" / "last.ckpt", weights_only=False))
+    (loss_e, acc_e, ck_e), (loss_g, acc_g, ck_g) = runs["false"], runs["step"]
+    assert sorted(loss_g) == sorted(loss_e) and max(loss_g) == 9 and len(loss_g) == 10
+    for step in loss_e:
+        assert loss_g[step] == pytest.approx(loss_e[step], rel=1e-5, abs=1e-6), step
+        assert acc_g[step] == acc_e[step]
+    assert ck_g["global_step"] == ck_e["global_step"] == 10
+    for name, w in ck_e["state_dict"].items():
+        torch.testing.assert_close(ck_g["state_dict"][name], w, rtol=1e-5, atol=1e-6, msg=name)
+    # equal weights after warm-up and cosine decay: the scheduler stepped as in the eager run; the rate at the end
+    lr_e = ck_e["optimizer_states"][0]["param_groups"][0]["lr"]
+    lr_g = ck_g["optimizer_states"][0]["param_groups"][0]["lr"]
+    assert float(lr_g) == pytest.approx(float(lr_e))
+
+
+def metrics_rows(path):
+    import csv
+
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.gpu
+def test_step_graph_run_matches_eager_on_gpu(tmp_path):
+    """The real capture: LRA Image's smoke model with flash attention and dropout, bf16, 12 steps (3 eager,
+    then the captured step replayed): the same losses as the eager run of the same seed, to bf16 rounding."""
+    from tests.test_train_run import metrics, run_inprocess, series
+
+    common = ["experiment=lra/image", "attn=flash", "trainer.max_steps=12", "trainer.log_every_n_steps=1",
+              "eval_every_steps=12"]
+    losses = {}
+    for mode in ("false", "step"):
+        run_inprocess(common + [f"cuda_graph={mode}"], tmp_path / mode)
+        rows = metrics(tmp_path / mode)
+        losses[mode] = series(rows, "train/loss")
+        assert series(rows, "val/acc")
+    assert sorted(losses["step"]) == sorted(losses["false"]) and len(losses["step"]) == 12
+    for step, want in losses["false"].items():
+        assert losses["step"][step] == pytest.approx(want, rel=2e-2, abs=2e-2), step

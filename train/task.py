@@ -7,8 +7,8 @@
 Shared (Task): the optimizer and scheduler partials of configs/optimizer and configs/scheduler (weight
 decay on matrices and embeddings only), global-norm gradient clipping that works with a fused AdamW,
 per-micro-batch reseeding (a resumed run draws the dropout masks an uninterrupted one would), in-place
-torch.compile, the model's training forward and backward as CUDA graphs (`cuda_graph`, train/cuda_graph.py),
-and `batch_tokens`, the real-token count the speed/MFU callback reads.
+torch.compile, CUDA graphs (`cuda_graph`: true graphs the model's training forward and backward, step the
+whole training step with the optimizer; train/cuda_graph.py), and `batch_tokens`, the real-token count the speed/MFU callback reads.
 
 Validation and test metrics are sums and counts over the whole split (train/metrics.py), synced over
 ranks when computed; nothing is averaged over batches.
@@ -16,13 +16,14 @@ ranks when computed; nothing is averaged over batches.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.cuda_graph import GraphedModel
+from train.cuda_graph import GraphedModel, GraphedStep, _optimizer_for_capture
 from train.metrics import Accuracy, MeanNLL, Perplexity
 from train.optim import adamw, no_decay_names, param_groups
 
@@ -42,6 +43,9 @@ def _describe(factory) -> dict | None:
 
 
 COMPILE_SCOPES = ("blocks", "model")
+# cuda_graph: false (eager), true (the model's forward and backward as graphs, GraphedModel) or "step" (the whole
+# training step, optimizer included, as one graph, GraphedStep); train/cuda_graph.py says what each needs.
+CUDA_GRAPH_MODES = (False, True, "step")
 
 
 def compile_model(model: nn.Module, scope: str = "blocks", **compile_kwargs) -> None:
@@ -82,8 +86,11 @@ class Task(L.LightningModule):
     """
 
     def __init__(self, model: nn.Module, optimizer=None, scheduler=None, compile: bool | str = False,
-                 seed: int = 1234, reseed_each_step: bool = True, cuda_graph: bool = False):
+                 seed: int = 1234, reseed_each_step: bool = True, cuda_graph: bool | str = False):
         super().__init__()
+        if cuda_graph not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graph={cuda_graph!r}: choose false, true (the model's forward and backward) "
+                             "or step (the whole training step)")
         if cuda_graph and compile:
             raise ValueError("cuda_graph=true and compile: choose one (torch.compile has its own CUDA graphs, "
                              "mode='reduce-overhead')")
@@ -95,23 +102,73 @@ class Task(L.LightningModule):
         self.no_decay = no_decay_names(model)  # decided on the plain model, before any wrapping
         if compile:  # True, or the scope for token-packing encoders: "blocks" (= True) or "model"
             compile_model(model, scope="blocks" if compile is True else compile)
-        self.graphed = GraphedModel(model) if cuda_graph else None
+        self.graphed = GraphedModel(model) if cuda_graph is True else None
+        self.step_graph = GraphedStep() if cuda_graph == "step" else None
+        if self.step_graph is not None:  # the graph runs backward and the optimizer itself
+            self.automatic_optimization = False
+            # Lightning warns that a manual-optimization checkpoint holds the weights after the step's update:
+            # so does an automatic one, and a resumed run continues from there either way.
+            warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 
     def run_model(self, *args, **kwargs):
         """self.model(...), through CUDA graphs in training when cuda_graph is set."""
         return (self.graphed or self.model)(*args, **kwargs)
 
-    def on_fit_start(self):
-        if self.graphed is None:
-            return
+    def cuda_graph_problems(self) -> list[str]:
         t = self.trainer
-        problems = [why for bad, why in [
+        return [why for bad, why in [
             (self.device.type != "cuda", f"it needs a CUDA device (the model is on {self.device})"),
             (t.world_size > 1, f"it runs in one process ({t.world_size} here)"),
             (str(t.precision).startswith("16"), "fp16 with a loss scaler is not supported; use bf16-mixed"),
         ] if bad]
+
+    def on_fit_start(self):
+        if self.graphed is None and self.step_graph is None:
+            return
+        problems = self.cuda_graph_problems()
         if problems:
-            raise ValueError("cuda_graph=true: " + "; ".join(problems) + " (cuda_graph=false runs eagerly)")
+            mode = "true" if self.step_graph is None else "step"
+            raise ValueError(f"cuda_graph={mode}: " + "; ".join(problems) + " (cuda_graph=false runs eagerly)")
+
+    def training_loss(self, batch, with_logs: bool) -> tuple[torch.Tensor, dict]:
+        """(loss, {name: tensor} to log as training metrics; filled only when with_logs) of one batch."""
+        raise NotImplementedError
+
+    def training_step(self, batch, batch_idx):
+        logging = self.logs_this_step()
+        if self.step_graph is None:
+            loss, logs = self.training_loss(batch, logging)
+        else:
+            loss, logs = self._graphed_training_step(batch)
+        if logging:
+            for name, value in logs.items():
+                self.log(name, value, prog_bar=name == "train/loss")
+        return loss
+
+    def _graphed_training_step(self, batch):
+        """cuda_graph=step: zero_grad, forward, loss, backward and the optimizer step in one replay; then the
+        scheduler and Lightning's step count, which live on the host. The graph's outputs are overwritten by the
+        next replay: what leaves this step is a copy."""
+        lightning_opt = self.optimizers()
+        opt = lightning_opt.optimizer
+        if self.step_graph.steps == 0:
+            _optimizer_for_capture(opt, self.device)
+
+        def body(b):
+            opt.zero_grad(set_to_none=False)
+            loss, logs = self.training_loss(b, with_logs=True)
+            loss.backward()
+            opt.step()
+            return loss.detach(), {k: v.detach() for k, v in logs.items()}
+
+        lightning_opt._on_before_step()  # Lightning's manual-optimization step count (trainer.global_step)
+        loss, logs = self.step_graph(body, batch)
+        lightning_opt._on_after_step()
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
+        logs = {k: v.clone() for k, v in logs.items()} if self.logs_this_step() else {}
+        return loss.clone(), logs
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         """For models that pack their tokens: each attention mask's per-row counts as host ints, read here
@@ -196,16 +253,14 @@ class LMTask(Task):
         b, t = batch.shape[0], batch.shape[1] - 1
         return b * t, b * t * t
 
-    def training_step(self, batch, batch_idx):
+    def training_loss(self, batch, with_logs):
         x, y = batch[:, :-1], batch[:, 1:]
         if getattr(self.model, "fuses_loss", False):  # GPT2: the loss without float32 logits
             loss = self.run_model(x, y)
         else:
             logits = self.run_model(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
-        if self.logs_this_step():
-            self.log("train/loss", loss, prog_bar=True)
-        return loss
+        return loss, {"train/loss": loss} if with_logs else {}
 
     def validation_step(self, batch, batch_idx):
         x, y = batch[:, :-1], batch[:, 1:]
@@ -237,17 +292,15 @@ class MLMTask(Task):
                               token_type_ids=batch.get("token_type_ids"), masked_positions=batch["mlm_positions"],
                               seq_lengths=batch.get("seq_lengths"))
 
-    def training_step(self, batch, batch_idx):
+    def training_loss(self, batch, with_logs):
         mlm_logits, nsp_logits = self(batch)
         mlm = F.cross_entropy(mlm_logits.flatten(0, 1).float(), batch["mlm_labels"].flatten(), ignore_index=IGNORE)
         loss, logged = mlm, {"train/mlm_loss": mlm}
         if nsp_logits is not None and "nsp_labels" in batch:
             nsp = F.cross_entropy(nsp_logits.float(), batch["nsp_labels"])
             loss, logged["train/nsp_loss"] = loss + nsp, nsp
-        if self.logs_this_step():
-            self.log_dict(logged)
-            self.log("train/loss", loss, prog_bar=True)
-        return loss
+        logged["train/loss"] = loss
+        return loss, logged if with_logs else {}
 
     def validation_step(self, batch, batch_idx):
         mlm_logits, nsp_logits = self(batch)
@@ -277,13 +330,12 @@ class ClassificationTask(Task):
     def forward(self, batch):
         return self.run_model(**{k: v for k, v in batch.items() if k != "labels"})
 
-    def training_step(self, batch, batch_idx):
+    def training_loss(self, batch, with_logs):
         logits = self(batch)
         loss = F.cross_entropy(logits.float(), batch["labels"])
-        if self.logs_this_step():
-            self.log("train/loss", loss, prog_bar=True)
-            self.log("train/acc", (logits.argmax(-1) == batch["labels"]).float().mean())
-        return loss
+        if not with_logs:
+            return loss, {}
+        return loss, {"train/loss": loss, "train/acc": (logits.argmax(-1) == batch["labels"]).float().mean()}
 
     def _eval_step(self, split, batch):
         logits = self(batch)
