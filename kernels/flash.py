@@ -717,8 +717,11 @@ def _dropout_mask_kernel(OUT, SEED, seqlen_q, seqlen_k, drop_thresh, BLOCK_M: tl
 # ---------------------------------------------------------------------------------------------------
 
 
-def _configs(shapes, **consts):
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, **consts}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+def _configs(shapes, wide_only: bool = False, **consts):
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, **consts}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+    for c in configs:
+        c.wide_only = wide_only  # read by _prune
+    return configs
 
 
 _FWD_SHAPES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4), (64, 64, 4, 3),
@@ -731,17 +734,25 @@ _DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4
 # that compiled returned NaN in the A/B (results/attention/ws_fwd_ab/); with 8 warps the compiler does not
 # specialise. Candidates only where `_ws_unsupported` finds nothing against it (see `_fwd_kind`).
 _FWD_WS_SHAPES = [(128, 128, 4, 2)]
+# Head dims above 128 only (_prune drops them below): 8 warps over small tiles. At head dim 256 these compile
+# without spilling on sm_90, where every config of the lists above that fits 256 spills: the forward's by
+# 32 bytes, dK/dV's by 88-3,176 bytes per thread, dQ's by up to 1,680 (scripts/kernel_resources.py --head-dim 256
+# --extra ...; results/attention/kernel_resources/sm90_hd256.md). Not yet timed: the autotuner weighs them.
+_FWD_WIDE_SHAPES = [(64, 64, 8, 2), (64, 64, 8, 3), (128, 32, 8, 2), (64, 32, 8, 3)]
+_DKDV_WIDE_SHAPES = [(32, 64, 8, 2), (32, 64, 8, 3), (16, 64, 8, 2), (64, 32, 8, 2)]
+_DQ_WIDE_SHAPES = [(64, 64, 8, 2), (64, 32, 8, 2), (32, 64, 8, 2)]
 _TUNE_KEY = ["TUNE_Q", "TUNE_K", "HEAD_DIM", "IS_CAUSAL", "VARLEN", "HAS_DROPOUT"]
 _INTERP_BLOCK = {"BLOCK_M": 16, "BLOCK_N": 16}
 
 
 def _prune(configs, named_args, **kwargs):
-    """Keep configs whose tiles fit the problem (no 128-row tiles for 40-token sequences)."""
+    """Keep the configs meant for the problem's head dim: above 128, tiles of at most 64 x 64 elements; the
+    wide-only configs only there."""
     d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D", 64))
     keep = []
     for c in configs:
         m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        if d > 128 and m * n > 64 * 64:
+        if (d > 128 and m * n > 64 * 64) or (d <= 128 and getattr(c, "wide_only", False)):
             continue
         keep.append(c)
     return keep or configs[-1:]
@@ -756,11 +767,15 @@ def _autotuned(kernel, configs, reset_to_zero=None):
                            cache_results=True, reset_to_zero=reset_to_zero)(kernel)
 
 
-_fwd_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES))
+def _fwd_configs():
+    return _configs(_FWD_SHAPES) + _configs(_FWD_WIDE_SHAPES, wide_only=True)
+
+
+_fwd_tuned = _autotuned(_fwd_kernel, _fwd_configs())
 # A second tuner for launches that may warp-specialise: its own cache, so that a choice made for inputs
 # the WS loop can read never reaches inputs it cannot (the tuning key does not see strides or the GPU).
-_fwd_ws_tuned = _autotuned(_fwd_kernel, _configs(_FWD_SHAPES) + _configs(_FWD_WS_SHAPES, WARP_SPEC=True))
-_dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES))
+_fwd_ws_tuned = _autotuned(_fwd_kernel, _fwd_configs() + _configs(_FWD_WS_SHAPES, WARP_SPEC=True))
+_dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES) + _configs(_DKDV_WIDE_SHAPES, wide_only=True))
 # The fused backward's dK/dV(+dQ) kernel: the configs of the one-kernel A/B (results/attention/tma_dq/, head dims
 # 16-64), then three that spill least in this integrated form (sm_90 compile, results/attention/fused_bwd/; the
 # two non-spilling 16-row tiles at head dim 64 were never picked there); its tuning runs must start from a zero
@@ -768,7 +783,7 @@ _dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES))
 _FUSED_SHAPES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2), (64, 64, 8, 2),
                  (64, 64, 8, 3), (32, 64, 4, 3)]
 _fused_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_FUSED_SHAPES), reset_to_zero=["DQA"])
-_dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
+_dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES) + _configs(_DQ_WIDE_SHAPES, wide_only=True))
 
 
 # Fixed configs for FLASH_AUTOTUNE=0 (e.g. GPU tests, which would otherwise tune every shape they touch),

@@ -92,12 +92,17 @@ def main():
                          "without it, what every launch with as many key heads as query heads compiles")
     ap.add_argument("--kernels", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq", "fused"],
                     help="fused: the dK/dV kernel that also adds dQ through the TMA reduce (kernels/flash.py _fused_bwd)")
+    ap.add_argument("--extra", nargs="+", default=[], metavar="M,N,WARPS,STAGES",
+                    help="configs to compile beside each kernel's tuning list (not in it: candidates to add)")
     ap.add_argument("--sass-dropout", action="store_true",
                     help="instead: the SASS opcodes dropout adds to each kernel's FLASH_AUTOTUNE=0 config (static counts)")
     args = ap.parse_args()
-    kernels = {"fwd": (F._fwd_kernel, F._FWD_SHAPES), "dkdv": (F._bwd_dkdv_kernel, F._DKDV_SHAPES),
-               "dq": (F._bwd_dq_kernel, F._DQ_SHAPES), "fused": (F._bwd_dkdv_kernel, F._FUSED_SHAPES)}
     d = args.head_dim
+    wide = d > 128  # the wide-only candidates join the tuning lists there
+    kernels = {"fwd": (F._fwd_kernel, F._FWD_SHAPES + F._FWD_WIDE_SHAPES * wide),
+               "dkdv": (F._bwd_dkdv_kernel, F._DKDV_SHAPES + F._DKDV_WIDE_SHAPES * wide),
+               "dq": (F._bwd_dq_kernel, F._DQ_SHAPES + F._DQ_WIDE_SHAPES * wide),
+               "fused": (F._bwd_dkdv_kernel, F._FUSED_SHAPES)}
     fallback = F.fallback_configs(F._block_d(d))
     meta = run_metadata(device=False)
     if args.sass_dropout:
@@ -113,7 +118,8 @@ def main():
     print("|---|---|---:|---:|---|")
     for kind in args.kernels:
         jitfn, shapes = kernels[kind]
-        for cfg in dict.fromkeys([*shapes, *([fallback[kind]] if kind in fallback else [])]):
+        extra = [tuple(int(x) for x in e.split(",")) for e in args.extra]
+        for cfg in dict.fromkeys([*shapes, *([fallback[kind]] if kind in fallback else []), *extra]):
             m, n, w, s = cfg
             consts = dict(HEAD_DIM=d, BLOCK_D=F._block_d(d), BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=args.causal,
                           VARLEN=False, HAS_DROPOUT=args.dropout)
@@ -122,7 +128,8 @@ def main():
             if kind == "fused":
                 consts.update(FUSED_DQ=True, DQ_TMA=True)
             r = resources(jitfn, consts, w, s)
-            note = "FLASH_AUTOTUNE=0 fallback" if cfg == fallback.get(kind) else ""
+            note = ("FLASH_AUTOTUNE=0 fallback" if cfg == fallback.get(kind) else
+                    "not in the tuning list" if cfg not in shapes else "")
             print(f"| {kind} | {cfg} | {r['regs']} | {r['stack']} | {note} |", flush=True)
 
 

@@ -61,6 +61,17 @@ def test_ws_configs():
     assert all(len(s) == 4 for s in F._FWD_SHAPES)  # scripts/kernel_resources.py and tune_flash.py unpack them
 
 
+def test_wide_only_configs_are_tuned_above_head_dim_128_only():
+    import kernels.flash as F
+
+    tuned = F._dkdv_tuned.configs
+    shape = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+    wide = set(F._DKDV_WIDE_SHAPES) - set(F._DKDV_SHAPES)
+    at = {d: {shape(c) for c in F._prune(tuned, {}, BLOCK_D=d)} for d in (64, 128, 256)}
+    assert wide and wide <= at[256] and not wide & (at[64] | at[128])
+    assert (128, 128, 8, 2) in at[128] and (128, 128, 8, 2) not in at[256]  # too large a tile at 256
+
+
 @pytest.mark.parametrize("autotune", ["0", "1"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("headdim", [32, 64, 96, 128, 256])
