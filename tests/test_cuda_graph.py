@@ -203,8 +203,9 @@ def test_cpu_run_with_step_graph_says_it_needs_a_gpu(tmp_path):
 
 def test_step_graph_loop_trains_as_eager(tmp_path, monkeypatch):
     """The loop around the graph (CPU, a stand-in replay): eager steps, then capture + replay, the batch copied
-    into the static inputs each step, Lightning's step count, the scheduler, the logs, a checkpoint and a resumed
-    run: every logged loss and the final weights equal those of the eager run with the same seed."""
+    into the static inputs each step, Lightning's step count, the scheduler, gradient clipping, the logs, a
+    checkpoint and a resumed run: every logged loss and the final weights equal those of the eager run with the
+    same seed."""
     import train.cuda_graph as cg
     import train.task as task_module
     from tests.test_train_run import metrics, run_inprocess, series
@@ -213,7 +214,8 @@ def test_step_graph_loop_trains_as_eager(tmp_path, monkeypatch):
     monkeypatch.setattr(task_module.Task, "cuda_graph_problems", lambda self: [])
     monkeypatch.setattr(task_module, "_optimizer_for_capture", lambda opt, device: None)  # CPU AdamW can't
     common = ["experiment=lra/image", "trainer.log_every_n_steps=1", "eval_every_steps=6",
-              "callbacks.checkpoint.every_n_train_steps=6", "scheduler.warmup_steps=3"]
+              "callbacks.checkpoint.every_n_train_steps=6", "scheduler.warmup_steps=3",
+              "trainer.gradient_clip_val=0.05"]  # small enough to clip: the graph clips as Lightning does
     runs = {}
     for mode in ("false", "step"):
         out = tmp_path / mode
@@ -236,6 +238,13 @@ def test_step_graph_loop_trains_as_eager(tmp_path, monkeypatch):
     lr_e = ck_e["optimizer_states"][0]["param_groups"][0]["lr"]
     lr_g = ck_g["optimizer_states"][0]["param_groups"][0]["lr"]
     assert float(lr_g) == pytest.approx(float(lr_e))
+
+
+def test_step_graph_refuses_gradient_accumulation(tmp_path, monkeypatch):
+    from tests.test_train_run import run_inprocess
+
+    with pytest.raises(ValueError, match="cuda_graph=step: global_batch_size asks for 2 micro-batches"):
+        run_inprocess(["experiment=lra/image", "cuda_graph=step", "data.batch_size=4", "global_batch_size=8"], tmp_path)
 
 
 def metrics_rows(path):

@@ -162,9 +162,9 @@ class GraphedStep:
     The first `eager_steps` calls are ordinary eager steps (real training steps, which also create the
     optimizer state and the gradient buffers the graph then updates in place); the next call captures the
     step and replays it once; every later call copies the batch into the graph's input buffers and replays.
-    `body(batch) -> (loss, logs)` does zero_grad, forward, loss, backward and optimizer.step.
-    What it needs (checked by the task): a CUDA device, one process, fixed batch shapes, tensors only, no
-    attention mask, no gradient accumulation, no loss scaler, no torch.compile.
+    `body(batch) -> (loss, logs)` does zero_grad, forward, loss, backward, gradient clipping and optimizer.step.
+    What it needs (checked by the task and train/run.py): a CUDA device, one process, fixed batch shapes,
+    tensors only, no attention mask, no gradient accumulation, no loss scaler, no torch.compile.
     """
 
     def __init__(self, eager_steps: int = 3):

@@ -101,6 +101,13 @@ def build(cfg: DictConfig):
     if trainer_cfg.get("precision") == "auto":  # bf16-mixed on a GPU, float32 on a CPU
         trainer_cfg["precision"] = "bf16-mixed" if on_gpu else "32-true"
     trainer_cfg["accumulate_grad_batches"] = accum
+    if task.step_graph is not None:
+        # cuda_graph=step runs the optimizer inside its graph (Lightning's manual optimization, which refuses
+        # its own clipping and accumulation): the task clips there, and one micro-batch is one step.
+        if accum > 1:
+            raise ValueError(f"cuda_graph=step: global_batch_size asks for {accum} micro-batches per step; a graphed "
+                             "step takes one (raise data.batch_size, or cuda_graph=true graphs the model only)")
+        task.gradient_clip_val = trainer_cfg.pop("gradient_clip_val", None)
     # Lightning counts val_check_interval in micro-batches; the config counts optimizer steps.
     trainer_cfg["val_check_interval"] = min(cfg.eval_every_steps, cfg.trainer.max_steps) * accum
     trainer_cfg["check_val_every_n_epoch"] = None

@@ -104,6 +104,7 @@ class Task(L.LightningModule):
             compile_model(model, scope="blocks" if compile is True else compile)
         self.graphed = GraphedModel(model) if cuda_graph is True else None
         self.step_graph = GraphedStep() if cuda_graph == "step" else None
+        self.gradient_clip_val = None  # cuda_graph=step: clipped inside the graph (train/run.py moves it here)
         if self.step_graph is not None:  # the graph runs backward and the optimizer itself
             self.automatic_optimization = False
             # Lightning warns that a manual-optimization checkpoint holds the weights after the step's update:
@@ -158,6 +159,8 @@ class Task(L.LightningModule):
             opt.zero_grad(set_to_none=False)
             loss, logs = self.training_loss(b, with_logs=True)
             loss.backward()
+            if self.gradient_clip_val:  # as configure_gradient_clipping: global norm, no host sync
+                torch.nn.utils.clip_grad_norm_(self.parameters(), self.gradient_clip_val, foreach=True)
             opt.step()
             return loss.detach(), {k: v.detach() for k, v in logs.items()}
 
