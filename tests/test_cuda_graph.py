@@ -255,13 +255,15 @@ def metrics_rows(path):
 
 
 @pytest.mark.gpu
-def test_step_graph_run_matches_eager_on_gpu(tmp_path):
+@pytest.mark.parametrize("clip", ["null", "0.05"])
+def test_step_graph_run_matches_eager_on_gpu(tmp_path, clip):
     """The real capture: LRA Image's smoke model with flash attention and dropout, bf16, 12 steps (3 eager,
-    then the captured step replayed): the same losses as the eager run of the same seed, to bf16 rounding."""
+    then the captured step replayed), with and without gradient clipping inside the graph: the same losses as
+    the eager run of the same seed, to bf16 rounding."""
     from tests.test_train_run import metrics, run_inprocess, series
 
     common = ["experiment=lra/image", "attn=flash", "trainer.max_steps=12", "trainer.log_every_n_steps=1",
-              "eval_every_steps=12"]
+              "eval_every_steps=12", f"trainer.gradient_clip_val={clip}"]
     losses = {}
     for mode in ("false", "step"):
         run_inprocess(common + [f"cuda_graph={mode}"], tmp_path / mode)
