@@ -9,16 +9,17 @@ Path-X's model), FLASH_AUTOTUNE=0 configs. Each variant runs in its own process
 Variants: none (p = 0); old (8 consecutive keys per Philox call, interleaved: the stream before 05a380c);
 new (the committed stream: 2 x 4 scores per call in the MMA layout, Philox 7 rounds since 2026-11-26);
 new10 (the same with 10 rounds: the committed stream of e0a92e6, measured as `new` then; its 7-round form was `new7`);
-new8bit (2 x 8 scores per call, 8-bit values, 32-key period: half the Philox calls, p quantised to 1/256).
+new8bit (2 x 8 scores per call, 8-bit values, 32-key period: half the Philox calls, p quantised to 1/256);
+stored (the forward stores the mask as bits, the backward loads it: stored_mask.py, which says how).
 Only new draws the documented mask; the others are timing experiments."""
 import json, math, os, subprocess, sys
-sys.path.insert(0, "scripts"); sys.path.insert(0, ".")
+sys.path.insert(0, "scripts"); sys.path.insert(0, "."); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton
 import triton.language as tl
 
 import kernels.flash as F  # the committed stream's helpers
 
-VARIANTS = ["none", "old", "new", "new10", "new8bit"]
+VARIANTS = ["none", "old", "new", "new10", "new8bit", "stored"]
 
 
 @triton.jit
@@ -63,7 +64,13 @@ def new8bit_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
     return tl.reshape(k, (BLOCK_M, BLOCK_N)) != 0
 
 
-def patch(variant):
+def patch(variant, bits=None):
+    if variant == "stored":  # the forward's step and the backward's tile swapped, the seed slot holding `bits`
+        import stored_mask
+        import torch
+
+        stored_mask.patch_stored(bits if bits is not None else torch.zeros(1, dtype=torch.uint8))
+        return F
     fn = {"old": old_tile, "new8bit": new8bit_tile}.get(variant)
     if fn is not None:
         F.__dict__["dropout_keep_tile"] = fn
@@ -92,8 +99,12 @@ def sass(variant):
 def gpu(variant, rep):
     import torch
     os.environ["FLASH_AUTOTUNE"] = "0"
-    F = patch(variant)
     b, n, h, d, causal = (int(x) for x in os.environ.get("SHAPE", "16,1024,12,64,1").split(","))
+    if variant == "stored":
+        import stored_mask
+        F = patch(variant, stored_mask.bits_buffer(b, n, h, "cuda"))
+    else:
+        F = patch(variant)
     causal = bool(causal)
     p = 0.0 if variant == "none" else 0.1
     gen = torch.Generator(device="cuda").manual_seed(0)
