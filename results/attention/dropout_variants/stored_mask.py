@@ -80,9 +80,10 @@ def stored_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constex
     """Backward: load the bytes the forward stored (seed = the buffer's address) and unpack."""
     BLOCK_M: tl.constexpr = rows.shape[0]
     offs, pair, group = _byte_offsets(bh, rows, start_col, BLOCK_N)
-    byte = tl.load(seed.to(tl.pointer_type(tl.uint8)) + offs).to(tl.int32)
-    return _to_tile(byte & 1, (byte >> 1) & 1, (byte >> 2) & 1, (byte >> 3) & 1, (byte >> 4) & 1, (byte >> 5) & 1,
-                    (byte >> 6) & 1, (byte >> 7) & 1, BLOCK_M, BLOCK_N)
+    byte = tl.load(seed.to(tl.pointer_type(tl.uint8)) + offs)
+    # each flag tested in place (nonzero = keep; _to_tile's int8 moves keep any nonzero value), no shifts
+    return _to_tile(byte & 1, byte & 2, byte & 4, byte & 8, byte & 16, byte & 32, byte & 64, byte & 128,
+                    BLOCK_M, BLOCK_N)
 
 
 @triton.jit
