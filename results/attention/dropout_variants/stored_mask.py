@@ -37,13 +37,14 @@ in dropout_variants.py, whose GPU harness this reuses (variant "stored").
 """
 import os
 import sys
+import types
 
 sys.path.insert(0, ".")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import kernels.flash as F  # noqa: E402
-from kernels.flash import PHILOX_ROUNDS, load_tile, softmax_update  # noqa: E402
+from kernels.flash import PHILOX_ROUNDS  # noqa: E402
 
 FIXED_KEY = tl.constexpr(1234)  # the Philox key of the stored run (the seed slot holds the buffer's address)
 _N = int(os.environ.get("SHAPE", "16,1024,12,64,1").split(",")[1])
@@ -87,23 +88,9 @@ def stored_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constex
 
 
 @triton.jit
-def drawn_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
-    """The reference: dropout_keep_tile's draw with the fixed key (what the stored run stores)."""
-    BLOCK_M: tl.constexpr = rows.shape[0]
-    _, pair, group = _byte_offsets(bh, rows, start_col, BLOCK_N)
-    c0 = group[None, :] + pair[:, None] * 0
-    c1 = pair[:, None] + group[None, :] * 0
-    x0, x1, x2, x3 = tl.philox(FIXED_KEY, c0, c1, c0 * 0 + bh, c0 * 0, PHILOX_ROUNDS)
-    b0, b1 = _flags(x0, drop_thresh)
-    b2, b3 = _flags(x1, drop_thresh)
-    b4, b5 = _flags(x2, drop_thresh)
-    b6, b7 = _flags(x3, drop_thresh)
-    return _to_tile(b0, b1, b2, b3, b4, b5, b6, b7, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _draw_and_store(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
-    BLOCK_M: tl.constexpr = rows.shape[0]
+def _draw_flags(bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
+    """dropout_keep_tile's Philox call with the fixed key; its 8 keep flags per call as int32 0/1 tiles, and the
+    bytes' offsets."""
     offs, pair, group = _byte_offsets(bh, rows, start_col, BLOCK_N)
     c0 = group[None, :] + pair[:, None] * 0
     c1 = pair[:, None] + group[None, :] * 0
@@ -112,42 +99,38 @@ def _draw_and_store(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexp
     b2, b3 = _flags(x1, drop_thresh)
     b4, b5 = _flags(x2, drop_thresh)
     b6, b7 = _flags(x3, drop_thresh)
-    byte = b0 | (b1 << 1) | (b2 << 2) | (b3 << 3) | (b4 << 4) | (b5 << 5) | (b6 << 6) | (b7 << 7)
-    tl.store(seed.to(tl.pointer_type(tl.uint8)) + offs, byte.to(tl.uint8))
-    return _to_tile(b0, b1, b2, b3, b4, b5, b6, b7, BLOCK_M, BLOCK_N)
+    return offs, b0, b1, b2, b3, b4, b5, b6, b7
 
 
 @triton.jit
-def storing_fwd_block_step(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, start_n, offs_m, offs_n, offs_d,
-                           seqlen_k, diag_offset, qk_scale, seed, bh, drop_thresh,
-                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                           MASK_SEQ: tl.constexpr, HAS_DROPOUT: tl.constexpr):
-    """kernels.flash.fwd_block_step with the mask drawn and stored (_draw_and_store)."""
-    cols = start_n + offs_n
-    k = load_tile(k_base, stride_kn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASK_SEQ)
-    qk = tl.dot(q, tl.trans(k))
-    if MASK_CAUSAL or MASK_SEQ:
-        if MASK_CAUSAL and MASK_SEQ:
-            allowed = (cols[None, :] <= offs_m[:, None] + diag_offset) & (cols[None, :] < seqlen_k)
-        elif MASK_CAUSAL:
-            allowed = cols[None, :] <= offs_m[:, None] + diag_offset
-        else:
-            allowed = (cols[None, :] < seqlen_k) & (offs_m[:, None] >= 0)
-        qk = tl.where(allowed, qk, float("-inf"))
-    p, acc, l_i, m_new = softmax_update(acc, m_i, l_i, qk, qk_scale, MASK_CAUSAL or MASK_SEQ)
-    v = load_tile(v_base, stride_vn, cols, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASK_SEQ)
-    if HAS_DROPOUT:
-        keep = _draw_and_store(seed, bh, offs_m, start_n, drop_thresh, offs_n.shape[0])
-        p = tl.where(keep, p, 0.0)
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, m_new, l_i
+def drawn_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
+    """The reference: dropout_keep_tile's draw with the fixed key (what the stored run stores)."""
+    _, b0, b1, b2, b3, b4, b5, b6, b7 = _draw_flags(bh, rows, start_col, drop_thresh, BLOCK_N)
+    return _to_tile(b0, b1, b2, b3, b4, b5, b6, b7, rows.shape[0], BLOCK_N)
+
+
+@triton.jit
+def storing_keep_tile(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr):
+    """Forward: draw with the fixed key, store the 8 flags of each call as one byte (seed = the buffer's address)."""
+    offs, b0, b1, b2, b3, b4, b5, b6, b7 = _draw_flags(bh, rows, start_col, drop_thresh, BLOCK_N)
+    byte = b0 | (b1 << 1) | (b2 << 2) | (b3 << 3) | (b4 << 4) | (b5 << 5) | (b6 << 6) | (b7 << 7)
+    tl.store(seed.to(tl.pointer_type(tl.uint8)) + offs, byte.to(tl.uint8))
+    return _to_tile(b0, b1, b2, b3, b4, b5, b6, b7, rows.shape[0], BLOCK_N)
+
+
+def storing_fwd_block_step():
+    """kernels.flash.fwd_block_step's own code, compiled with `dropout_keep_tile` bound to `storing_keep_tile` (the
+    backward's steps, which read the module's globals, get the loading tile)."""
+    fn = F.fwd_block_step.fn
+    scope = dict(fn.__globals__, dropout_keep_tile=storing_keep_tile)
+    return triton.jit(types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__))
 
 
 def patch_stored(bits):
     """Before anything compiles: the forward stores into `bits`, the backward loads from it."""
     import torch
 
-    F.__dict__["fwd_block_step"] = storing_fwd_block_step
+    F.__dict__["fwd_block_step"] = storing_fwd_block_step()
     F.__dict__["dropout_keep_tile"] = stored_keep_tile
     F.draw_dropout_seed = lambda device: torch.tensor([bits.data_ptr()], dtype=torch.int64, device=device)
 
