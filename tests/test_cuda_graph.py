@@ -212,7 +212,7 @@ def test_step_graph_loop_trains_as_eager(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cg, "_cuda_capture", _fake_capture)
     monkeypatch.setattr(task_module.Task, "cuda_graph_problems", lambda self: [])
-    monkeypatch.setattr(task_module, "_optimizer_for_capture", lambda opt, device: None)  # CPU AdamW can't
+    monkeypatch.setattr(task_module, "make_capturable", lambda opt, device: None)  # CPU AdamW can't
     common = ["experiment=lra/image", "trainer.log_every_n_steps=1", "eval_every_steps=6",
               "callbacks.checkpoint.every_n_train_steps=6", "scheduler.warmup_steps=3",
               "trainer.gradient_clip_val=0.05"]  # small enough to clip: the graph clips as Lightning does

@@ -124,7 +124,7 @@ class GraphedModel:
 # ---------------------------------------------------------------------------------------------------
 # cuda_graph=step: the whole training step as one graph
 # ---------------------------------------------------------------------------------------------------
-def _optimizer_for_capture(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """Make `optimizer` safe to capture: `capturable` (its step counts stay on the device, no host sync) and
     each group's learning rate a device tensor. A float rate would be baked into the graph as the value of the
     capture step; the tensor is read at every replay, and the LR scheduler fills it in place

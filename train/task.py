@@ -8,7 +8,8 @@ Shared (Task): the optimizer and scheduler partials of configs/optimizer and con
 decay on matrices and embeddings only), global-norm gradient clipping that works with a fused AdamW,
 per-micro-batch reseeding (a resumed run draws the dropout masks an uninterrupted one would), in-place
 torch.compile, CUDA graphs (`cuda_graph`: true graphs the model's training forward and backward, step the
-whole training step with the optimizer; train/cuda_graph.py), and `batch_tokens`, the real-token count the speed/MFU callback reads.
+whole training step with the optimizer; train/cuda_graph.py), and `batch_tokens`, the real-token count the
+speed/MFU callback reads.
 
 Validation and test metrics are sums and counts over the whole split (train/metrics.py), synced over
 ranks when computed; nothing is averaged over batches.
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.cuda_graph import GraphedModel, GraphedStep, _optimizer_for_capture
+from train.cuda_graph import GraphedModel, GraphedStep, make_capturable
 from train.metrics import Accuracy, MeanNLL, Perplexity
 from train.optim import adamw, no_decay_names, param_groups
 
@@ -92,8 +93,8 @@ class Task(L.LightningModule):
             raise ValueError(f"cuda_graph={cuda_graph!r}: choose false, true (the model's forward and backward) "
                              "or step (the whole training step)")
         if cuda_graph and compile:
-            raise ValueError("cuda_graph=true and compile: choose one (torch.compile has its own CUDA graphs, "
-                             "mode='reduce-overhead')")
+            raise ValueError(f"cuda_graph={str(cuda_graph).lower()} and compile: choose one (torch.compile has its "
+                             "own CUDA graphs, mode='reduce-overhead')")
         self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"])
         self.hparams.update(optimizer=_describe(optimizer), scheduler=_describe(scheduler))
         self.model = model
@@ -140,20 +141,20 @@ class Task(L.LightningModule):
         if self.step_graph is None:
             loss, logs = self.training_loss(batch, logging)
         else:
-            loss, logs = self._graphed_training_step(batch)
+            loss, logs = self._graphed_training_step(batch, logging)
         if logging:
             for name, value in logs.items():
                 self.log(name, value, prog_bar=name == "train/loss")
         return loss
 
-    def _graphed_training_step(self, batch):
+    def _graphed_training_step(self, batch, logging: bool):
         """cuda_graph=step: zero_grad, forward, loss, backward and the optimizer step in one replay; then the
         scheduler and Lightning's step count, which live on the host. The graph's outputs are overwritten by the
         next replay: what leaves this step is a copy."""
         lightning_opt = self.optimizers()
         opt = lightning_opt.optimizer
         if self.step_graph.steps == 0:
-            _optimizer_for_capture(opt, self.device)
+            make_capturable(opt, self.device)
 
         def body(b):
             opt.zero_grad(set_to_none=False)
@@ -170,7 +171,7 @@ class Task(L.LightningModule):
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
-        logs = {k: v.clone() for k, v in logs.items()} if self.logs_this_step() else {}
+        logs = {k: v.clone() for k, v in logs.items()} if logging else {}
         return loss.clone(), logs
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
