@@ -33,7 +33,8 @@ _DIVISIBLE = ("stride_", "seqlen_", "TUNE_")
 
 
 def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False) -> dict:
-    """{"regs", "stack"} of one launch config; with sass, also "ops": the cubin's SASS opcode counts (static:
+    """{"regs", "stack", "smem" (bytes of shared memory; an H100 block gets at most 232,448)} of one launch config;
+    with sass, also "ops": the cubin's SASS opcode counts (static:
     every instruction of the kernel once, whether in a loop or not)."""
     names = jitfn.arg_names
     # constexpr parameters left at their defaults (FUSED_DQ, DQ_TMA, REVERSE...) must be constants here too, as
@@ -62,7 +63,8 @@ def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False) 
     m = re.search(r"REG:(\d+) STACK:(\d+)", out)
     ops = Counter(m_.group(1) for m_ in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", listing,
                                                    re.MULTILINE))
-    return dict(regs=int(m.group(1)), stack=int(m.group(2)), **({"ops": ops} if sass else {}))
+    return dict(regs=int(m.group(1)), stack=int(m.group(2)), smem=compiled.metadata.shared,
+                **({"ops": ops} if sass else {}))
 
 
 def dropout_sass(kind: str, jitfn, cfg, head_dim: int, causal: bool) -> list[str]:
@@ -114,8 +116,8 @@ def main():
         return
     print(f"sm_90, head dim {d}, causal={args.causal}, dropout={args.dropout}, gqa={args.gqa}, triton {triton.__version__}, "
           f"{meta['date']}, `{meta['command']}`")
-    print("| kernel | (BLOCK_M, BLOCK_N, warps, stages) | registers | spill stack (bytes) | note |")
-    print("|---|---|---:|---:|---|")
+    print("| kernel | (BLOCK_M, BLOCK_N, warps, stages) | registers | spill stack (bytes) | shared memory (KiB) | note |")
+    print("|---|---|---:|---:|---:|---|")
     for kind in args.kernels:
         jitfn, shapes = kernels[kind]
         extra = [tuple(int(x) for x in e.split(",")) for e in args.extra]
@@ -130,7 +132,9 @@ def main():
             r = resources(jitfn, consts, w, s)
             note = ("FLASH_AUTOTUNE=0 fallback" if cfg == fallback.get(kind) else
                     "not in the tuning list" if cfg not in shapes else "")
-            print(f"| {kind} | {cfg} | {r['regs']} | {r['stack']} | {note} |", flush=True)
+            if r["smem"] > 232448:
+                note = (note + "; " if note else "") + "does not fit an H100's shared memory"
+            print(f"| {kind} | {cfg} | {r['regs']} | {r['stack']} | {r['smem'] / 1024:.0f} | {note} |", flush=True)
 
 
 if __name__ == "__main__":

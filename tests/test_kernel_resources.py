@@ -33,6 +33,8 @@ def test_resources_of_one_config():
     r = _compile_sm90("_fwd_kernel", dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=64, BLOCK_N=32, IS_CAUSAL=True,
                                           VARLEN=False, HAS_DROPOUT=True, REVERSE=False), 4, 2)
     assert 16 <= r["regs"] <= 255 and r["stack"] >= 0
+    # shared memory: at least the K and V tiles of the two pipeline stages (32 x 64 bf16 each), at most an H100's
+    assert 2 * 2 * 32 * 64 * 2 <= r["smem"] <= 232448
     assert r["ops"].get("EXIT", 0) >= 1 and r["ops"].get("HGMMA", 0) + r["ops"].get("HMMA", 0) > 0  # the dots
 
 
