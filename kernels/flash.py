@@ -735,9 +735,10 @@ _DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4
 # specialise. Candidates only where `_ws_unsupported` finds nothing against it (see `_fwd_kind`).
 _FWD_WS_SHAPES = [(128, 128, 4, 2)]
 # Head dims above 128 only (_prune drops them below): 8 warps over small tiles. At head dim 256 these compile
-# without spilling on sm_90, where every config of the lists above that fits 256 spills: the forward's by
-# 32 bytes, dK/dV's by 88-3,176 bytes per thread, dQ's by up to 1,680 (scripts/kernel_resources.py --head-dim 256
-# --extra ...; results/attention/kernel_resources/sm90_hd256.md). Not yet timed: the autotuner weighs them.
+# without spilling on sm_90 and fit shared memory, where the configs of the lists above that fit 256 spill: every
+# dK/dV one (88-3,176 bytes per thread), all dQ ones but (64, 16, 4, 4) (up to 1,680), all forward ones but
+# (64, 32, 4, 4) (up to 1,360) (results/attention/kernel_resources/sm90_hd256.md). Not yet timed: the autotuner
+# weighs them.
 _FWD_WIDE_SHAPES = [(64, 64, 8, 2), (64, 64, 8, 3), (128, 32, 8, 2), (64, 32, 8, 3)]
 _DKDV_WIDE_SHAPES = [(32, 64, 8, 2), (32, 64, 8, 3), (16, 64, 8, 2), (64, 32, 8, 2)]
 _DQ_WIDE_SHAPES = [(64, 64, 8, 2), (64, 32, 8, 2), (32, 64, 8, 2)]
