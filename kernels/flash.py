@@ -1176,7 +1176,7 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
         _launch("fused", _bwd_dkdv_kernel, _fused_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
                 (q, k, v, do, dk, dv, dqa, lse, delta, seed, *common, *dkdv_strides, rows, *tune),
                 dict(consts, FUSED_DQ=True, DQ_TMA=tma, GQA=group > 1), (q.dtype, do.dtype, dk.dtype))
-        dq.copy_(dqa.view(q.shape).mul_(softmax_scale))
+        torch.mul(dqa.view(q.shape), softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
         return dq, dk, dv
     _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
             (q, k, v, do, dk, dv, dk, lse, delta, seed, *common, *dkdv_strides, 0, *tune), dict(consts, GQA=group > 1),
