@@ -742,6 +742,15 @@ _FWD_WS_SHAPES = [(128, 128, 4, 2)]
 _FWD_WIDE_SHAPES = [(64, 64, 8, 2), (64, 64, 8, 3), (128, 32, 8, 2), (64, 32, 8, 3)]
 _DKDV_WIDE_SHAPES = [(32, 64, 8, 2), (32, 64, 8, 3), (16, 64, 8, 2), (64, 32, 8, 2)]
 _DQ_WIDE_SHAPES = [(64, 64, 8, 2), (64, 32, 8, 2), (32, 64, 8, 2)]
+
+
+def tuning_shapes(kind: str, block_d: int) -> list[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, warps, stages) the autotuner of `kind` ("fwd", "dkdv", "dq", "fused") holds for a padded
+    head dim, before `_prune` drops the tiles too large for it: the wide-only candidates join above 128. A new
+    list (scripts/tune_flash.py and kernel_resources.py add their own candidates to it)."""
+    base = {"fwd": _FWD_SHAPES, "dkdv": _DKDV_SHAPES, "dq": _DQ_SHAPES, "fused": _FUSED_SHAPES}[kind]
+    wide = {"fwd": _FWD_WIDE_SHAPES, "dkdv": _DKDV_WIDE_SHAPES, "dq": _DQ_WIDE_SHAPES}.get(kind, [])
+    return [*base, *(wide if block_d > 128 else [])]
 _TUNE_KEY = ["TUNE_Q", "TUNE_K", "HEAD_DIM", "IS_CAUSAL", "VARLEN", "HAS_DROPOUT"]
 _INTERP_BLOCK = {"BLOCK_M": 16, "BLOCK_N": 16}
 

@@ -32,8 +32,11 @@ _FLOATS = {"qk_scale", "sm_scale", "drop_scale"}
 _DIVISIBLE = ("stride_", "seqlen_", "TUNE_")
 
 
+H100_SMEM_PER_BLOCK = 232448  # bytes of shared memory one thread block may have on an H100 (227 KiB)
+
+
 def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False) -> dict:
-    """{"regs", "stack", "smem" (bytes of shared memory; an H100 block gets at most 232,448)} of one launch config;
+    """{"regs", "stack", "smem" (bytes of shared memory, at most H100_SMEM_PER_BLOCK to launch)} of one launch config;
     with sass, also "ops": the cubin's SASS opcode counts (static:
     every instruction of the kernel once, whether in a loop or not)."""
     names = jitfn.arg_names
@@ -100,11 +103,8 @@ def main():
                     help="instead: the SASS opcodes dropout adds to each kernel's FLASH_AUTOTUNE=0 config (static counts)")
     args = ap.parse_args()
     d = args.head_dim
-    wide = d > 128  # the wide-only candidates join the tuning lists there
-    kernels = {"fwd": (F._fwd_kernel, F._FWD_SHAPES + F._FWD_WIDE_SHAPES * wide),
-               "dkdv": (F._bwd_dkdv_kernel, F._DKDV_SHAPES + F._DKDV_WIDE_SHAPES * wide),
-               "dq": (F._bwd_dq_kernel, F._DQ_SHAPES + F._DQ_WIDE_SHAPES * wide),
-               "fused": (F._bwd_dkdv_kernel, F._FUSED_SHAPES)}
+    jitfns = {"fwd": F._fwd_kernel, "dkdv": F._bwd_dkdv_kernel, "dq": F._bwd_dq_kernel, "fused": F._bwd_dkdv_kernel}
+    kernels = {kind: (fn, F.tuning_shapes(kind, F._block_d(d))) for kind, fn in jitfns.items()}
     fallback = F.fallback_configs(F._block_d(d))
     meta = run_metadata(device=False)
     if args.sass_dropout:
@@ -118,9 +118,9 @@ def main():
           f"{meta['date']}, `{meta['command']}`")
     print("| kernel | (BLOCK_M, BLOCK_N, warps, stages) | registers | spill stack (bytes) | shared memory (KiB) | note |")
     print("|---|---|---:|---:|---:|---|")
+    extra = [tuple(int(x) for x in e.split(",")) for e in args.extra]
     for kind in args.kernels:
         jitfn, shapes = kernels[kind]
-        extra = [tuple(int(x) for x in e.split(",")) for e in args.extra]
         for cfg in dict.fromkeys([*shapes, *([fallback[kind]] if kind in fallback else []), *extra]):
             m, n, w, s = cfg
             consts = dict(HEAD_DIM=d, BLOCK_D=F._block_d(d), BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=args.causal,
@@ -132,7 +132,7 @@ def main():
             r = resources(jitfn, consts, w, s)
             note = ("FLASH_AUTOTUNE=0 fallback" if cfg == fallback.get(kind) else
                     "not in the tuning list" if cfg not in shapes else "")
-            if r["smem"] > 232448:
+            if r["smem"] > H100_SMEM_PER_BLOCK:
                 note = (note + "; " if note else "") + "does not fit an H100's shared memory"
             print(f"| {kind} | {cfg} | {r['regs']} | {r['stack']} | {r['smem'] / 1024:.0f} | {note} |", flush=True)
 

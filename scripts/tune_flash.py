@@ -53,9 +53,7 @@ def main():
     scale = 1.0 / math.sqrt(d)
     p, causal = args.dropout, args.causal
     defaults = fl.fallback_configs(fl._block_d(d))
-    wide = fl._block_d(d) > 128  # the autotuner's lists there: the wide-only candidates join
-    candidates = {"fwd": fl._FWD_SHAPES + fl._FWD_WIDE_SHAPES * wide, "dkdv": fl._DKDV_SHAPES + fl._DKDV_WIDE_SHAPES * wide,
-                  "dq": fl._DQ_SHAPES + fl._DQ_WIDE_SHAPES * wide}
+    candidates = {kind: fl.tuning_shapes(kind, fl._block_d(d)) for kind in ("fwd", "dkdv", "dq")}
     for e in args.extra:
         kind, cfg = e.split(":")
         candidates[kind].append(tuple(int(x) for x in cfg.split(",")))
