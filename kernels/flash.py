@@ -717,11 +717,15 @@ def _dropout_mask_kernel(OUT, SEED, seqlen_q, seqlen_k, drop_thresh, BLOCK_M: tl
 # ---------------------------------------------------------------------------------------------------
 
 
+class _WideOnlyConfig(triton.Config):
+    """A config `_prune` keeps above head dim 128 only. A subclass rather than an attribute: Triton's tuning cache
+    writes each config's __dict__ and rebuilds it as `Config(**d)` in the next process, so any extra attribute
+    breaks every cached launch (it did: TypeError on the second run of a shape)."""
+
+
 def _configs(shapes, wide_only: bool = False, **consts):
-    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, **consts}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
-    for c in configs:
-        c.wide_only = wide_only  # read by _prune
-    return configs
+    kind = _WideOnlyConfig if wide_only else triton.Config
+    return [kind({"BLOCK_M": m, "BLOCK_N": n, **consts}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
 _FWD_SHAPES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4), (64, 64, 4, 3),
@@ -762,7 +766,7 @@ def _prune(configs, named_args, **kwargs):
     keep = []
     for c in configs:
         m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        if (d > 128 and m * n > 64 * 64) or (d <= 128 and getattr(c, "wide_only", False)):
+        if (d > 128 and m * n > 64 * 64) or (d <= 128 and isinstance(c, _WideOnlyConfig)):
             continue
         keep.append(c)
     return keep or configs[-1:]

@@ -72,6 +72,21 @@ def test_wide_only_configs_are_tuned_above_head_dim_128_only():
     assert (128, 128, 8, 2) in at[128] and (128, 128, 8, 2) not in at[256]  # too large a tile at 256
 
 
+def test_every_tuner_config_survives_the_tuning_cache_round_trip():
+    """Triton's tuning cache (cache_results=True) stores each config's __dict__ and rebuilds it as
+    `Config(**d)` in the next process: an extra attribute on a config made every second run crash."""
+    import json
+
+    import triton
+
+    import kernels.flash as F
+
+    for tuner in (F._fwd_tuned, F._fwd_ws_tuned, F._dkdv_tuned, F._fused_tuned, F._dq_tuned):
+        for c in tuner.configs:
+            again = triton.Config(**json.loads(json.dumps(c.__dict__)))
+            assert again == c and str(again) == str(c)
+
+
 @pytest.mark.parametrize("autotune", ["0", "1"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("headdim", [32, 64, 96, 128, 256])
