@@ -38,8 +38,9 @@ data), split over two device calls that make one table:
 attn=standard keeps ~7 bytes per score for the backward (the float32 softmax, the dropout mask, a bf16
 copy for the second matmul) and needs about as much again while a layer runs: ListOps 32 x 8 heads x
 2K^2 x 6 layers ~ 45 GiB kept, Text 32 x 4 x 4K^2 x 4 ~ 60 GiB, Retrieval (two documents) ~ 120 GiB;
-hence the accumulation above on an 80 GiB GPU. These are estimates: a run that still runs out of
-memory is listed as failed, and `--keep-speed --tasks T --accumulate T/standard=2N` redoes task T.
+hence the accumulation on an 80 GiB GPU, which is the default (DEFAULT_ACCUMULATE: the flags above only
+spell it out). These are estimates: a run that still runs out of memory is listed as failed, and
+`--keep-speed --tasks T --accumulate T/standard=2N` redoes task T.
 
 --speed-data DIR: speed runs read task T from DIR/T (data.data_dir=...); accuracy runs are unaffected.
 --speed-from A.json ...: a task this invocation measures no speed run for keeps the speed rows of the last
@@ -47,9 +48,10 @@ table that has them (--out's own table3.json first): e.g. `--collect outputs/lra
 table3.json a GPU machine wrote after `--skip-accuracy --tasks image pathfinder`, the other tasks' rows kept.
 --keep-speed: only the speed runs of --tasks are rerun; other tasks' runs under RUNS/speed stay, each
 with the session (GPU, command) that measured it, and the table covers them too. --accumulate
-TASK/KIND=N: that speed run takes its usual batch as N micro-batches with gradient accumulation
-(data.batch_size=B/N global_batch_size=B), so that attn=standard fits in memory; step time and tokens/s
-cover the whole optimizer step, so the row compares with the others (the table notes it).
+TASK/KIND=N: that task's runs of that kind, speed and accuracy, take their usual batch as N micro-batches
+with gradient accumulation (data.batch_size=B/N global_batch_size=B), so that attn=standard fits in memory:
+the same sequences per optimizer step; a speed row's step time and tokens/s cover the whole optimizer step,
+so it compares with the others (the table notes it).
 
 Data: each task reads the folder its data config names (configs/data/lra-*.yaml); --prepare runs the
 prepare commands (cached, idempotent) first. Text, Retrieval and Image default to stand-ins for the
@@ -201,6 +203,12 @@ def speed_data_dir(root: Path, task: str) -> str:
     return "${repo:}/" + r if not Path(r).is_absolute() else str(d)
 
 
+# attn=standard's micro-batches on an 80 GiB GPU (H100), for speed and accuracy runs alike: each task's batch of 32
+# as 2 x 16 (ListOps, Text) or 4 x 8 (Retrieval), the splits the speed table measured at 28-39 GiB peak
+# (results/lra/table3.md). --accumulate TASK/KIND=N replaces an entry; N=1 turns it off (e.g. on several GPUs).
+DEFAULT_ACCUMULATE = {("listops", "standard"): 2, ("text", "standard"): 2, ("retrieval", "standard"): 4}
+
+
 def parse_accumulate(specs) -> dict:
     """["text/standard=2", ...] -> {("text", "standard"): 2}; ValueError with the reason otherwise."""
     out = {}
@@ -235,14 +243,15 @@ def accumulated_batch(task: str, kind: str, n: int, extra=()) -> tuple[int, int]
     total = int(cfg.get("global_batch_size") or cfg.data.batch_size)
     if total % n:
         raise ValueError(f"--accumulate {task}/{kind}={n}: the batch of {total} sequences does not split into "
-                         f"{n} equal micro-batches")
+                         f"{n} equal micro-batches ({task}/{kind}=1 runs it without accumulation)")
     return total // n, total
 
 
 def accuracy_command(task, kind, runs, seed, max_steps=None, ckpt_every=500, extra=(), ckpt=None,
-                     python="python", budget_s: float | None = None) -> list[str]:
+                     python="python", budget_s: float | None = None, batch: tuple[int, int] | None = None) -> list[str]:
     """budget_s: the run stops itself at the first optimizer step after that many seconds, saving
-    checkpoints/last.ckpt there (train.callbacks.CallLog), so a call cut short by --budget loses no steps."""
+    checkpoints/last.ckpt there (train.callbacks.CallLog), so a call cut short by --budget loses no steps.
+    batch: (micro-batch, sequences per optimizer step) with gradient accumulation, as for speed_command."""
     ov = [f"seed={seed}", f"callbacks.checkpoint.every_n_train_steps={ckpt_every}"]
     if budget_s is not None:
         ov.append(f"callbacks.calls.budget_s={int(budget_s)}")
@@ -252,6 +261,8 @@ def accuracy_command(task, kind, runs, seed, max_steps=None, ckpt_every=500, ext
         ov += [f"trainer.max_steps={max_steps}",
                f"scheduler.warmup_steps={max(1, math.ceil(r['warmup_steps'] * max_steps / r['max_steps']))}"]
     ov += list(extra)
+    if batch is not None:
+        ov += [f"data.batch_size={batch[0]}", f"global_batch_size={batch[1]}"]
     if ckpt is not None:
         ov.append(f"ckpt_path={rel(ckpt)}")
     return train_command(task, kind, accuracy_dir(runs, task, kind, seed, max_steps), ov, python)
@@ -837,8 +848,10 @@ def main(argv=None):
                     help="rerun the speed runs of --tasks only and keep those of other tasks in RUNS/speed, so "
                          "that several invocations (device calls) make one table")
     ap.add_argument("--accumulate", action="append", default=[], metavar="TASK/KIND=N",
-                    help="that speed run splits its batch into N micro-batches with gradient accumulation "
-                         "(same sequences per step; e.g. retrieval/standard=2); repeatable")
+                    help="that task's runs of that kind (speed and accuracy) split the batch into N micro-batches "
+                         "with gradient accumulation (same sequences per step; e.g. retrieval/standard=2); "
+                         "repeatable; defaults for attn=standard on 80 GiB: " + ", ".join(
+                             f"{t}/{k}={n}" for (t, k), n in DEFAULT_ACCUMULATE.items()) + "; N=1 turns one off")
     ap.add_argument("--prepare", action="store_true", help="run the tasks' data preparation first")
     ap.add_argument("--budget", type=float, default=None, help="seconds this invocation may take")
     ap.add_argument("--min-run", type=float, default=60, help="seconds a run needs left to start")
@@ -854,7 +867,7 @@ def main(argv=None):
     if args.speed_steps <= 0:
         ap.error(f"--speed-steps must be a positive integer, got {args.speed_steps}")
     try:
-        accumulate = parse_accumulate(args.accumulate)
+        accumulate = {**DEFAULT_ACCUMULATE, **parse_accumulate(args.accumulate)}
     except ValueError as e:
         ap.error(str(e))
     t0 = time.time()
@@ -865,6 +878,13 @@ def main(argv=None):
 
     if args.prepare_speed_data:
         return prepare_speed_data(repo_path(args.prepare_speed_data), args.tasks, runner, runs)
+    batches = {}  # (task, kind) -> (micro-batch, batch) of every run that accumulates, missing commands' too
+    try:
+        for (t, kind), n in accumulate.items():
+            if t in args.tasks and kind in args.kinds and n > 1:
+                batches[(t, kind)] = accumulated_batch(t, kind, n, extra)
+    except ValueError as e:
+        ap.error(str(e))
     speed_data = repo_path(args.speed_data) if args.speed_data else None
     if not args.collect:
         if args.prepare:
@@ -872,13 +892,6 @@ def main(argv=None):
                 runner.run(PREPARE[t].split(), runs / "prepare" / f"{t}.log")
         if not args.skip_speed:
             seed = args.seeds[0]
-            batches = {}
-            try:
-                for (t, kind), n in accumulate.items():
-                    if t in args.tasks and kind in args.kinds and n > 1:
-                        batches[(t, kind)] = accumulated_batch(t, kind, n, extra)
-            except ValueError as e:
-                ap.error(str(e))
             if speed_data is not None and not args.dry_run:
                 from train.lra.datamodule import is_ready
 
@@ -923,13 +936,14 @@ def main(argv=None):
                         ckpt = resume_checkpoint(d)
                         # resumed: train/run.py keeps the cut-off metrics.csv as metrics.partK.csv
                         cmd = accuracy_command(t, kind, runs, seed, args.max_steps, args.ckpt_every, extra, ckpt,
-                                               budget_s=runner.self_stop_budget())
+                                               budget_s=runner.self_stop_budget(), batch=batches.get((t, kind)))
                         status = runner.run(cmd, d / "stdout.log")
                         if status not in ("ok", "dry run"):
                             ckpt = resume_checkpoint(d)
                             missing.append({"task": t, "kind": kind, "seed": seed, "why": status,
                                             "command": show(accuracy_command(t, kind, runs, seed, args.max_steps,
-                                                                             args.ckpt_every, extra, ckpt))})
+                                                                             args.ckpt_every, extra, ckpt,
+                                                                             batch=batches.get((t, kind))))})
                             print(f"  {t}/{kind}/seed{seed}: {status}", flush=True)
         if args.dry_run:
             return None
@@ -951,7 +965,8 @@ def main(argv=None):
                             "why": f"cut off at step {u['steps_done']} of {u['max_steps']}"
                                    + ("" if last else " (no last.ckpt here: the command starts it again)"),
                             "command": u.get("command") or show(accuracy_command(
-                                u["task"], u["kind"], runs, u["seed"], steps, args.ckpt_every, extra, last))})
+                                u["task"], u["kind"], runs, u["seed"], steps, args.ckpt_every, extra, last,
+                                batch=batches.get((u["task"], u["kind"]))))})
     known |= {(m["task"], m["kind"], m["seed"]) for m in missing}
     for t in args.tasks:
         for kind in args.kinds:
@@ -960,7 +975,8 @@ def main(argv=None):
             for seed in args.seeds:
                 missing.append({"task": t, "kind": kind, "seed": seed, "why": "not run",
                                 "command": show(accuracy_command(t, kind, runs, seed, args.max_steps,
-                                                                 args.ckpt_every, extra))})
+                                                                 args.ckpt_every, extra,
+                                                                 batch=batches.get((t, kind))))})
     summary["missing"] = missing
     meta = run_metadata(argv and ["scripts/reproduce_lra.py", *argv])
     if summary["speed_session"] and summary["speed_session"].get("gpu"):

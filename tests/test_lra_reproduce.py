@@ -251,7 +251,14 @@ def test_accumulate_parsed_and_applied(tmp_path, capsys):
     cmds = {(c.split()[2][len("experiment=lra/"):], c.split()[3][len("attn="):]): c for c in speed_cmds(capsys)}
     assert cmds[("retrieval", "standard")].endswith("data.batch_size=16 global_batch_size=32")
     assert cmds[("text", "flash")].endswith("data.batch_size=8 global_batch_size=32")
-    assert "global_batch_size" not in cmds[("retrieval", "flash")] + cmds[("text", "standard")]
+    assert "global_batch_size" not in cmds[("retrieval", "flash")]
+    # attn=standard accumulates by default (DEFAULT_ACCUMULATE, sized for 80 GiB); N=1 turns an entry off
+    assert cmds[("text", "standard")].endswith("data.batch_size=16 global_batch_size=32")
+    R.main(["--dry-run", "--skip-accuracy", "--runs", str(tmp_path), "--tasks", "retrieval", "text",
+            "--kinds", "standard", "--accumulate", "text/standard=1"])
+    cmds = {c.split()[2][len("experiment=lra/"):]: c for c in speed_cmds(capsys)}
+    assert cmds["retrieval"].endswith("data.batch_size=8 global_batch_size=32")
+    assert "global_batch_size" not in cmds["text"]
     # the batch the run would have: debug modes and overrides count, and the last override wins
     R.main(["--dry-run", "--skip-accuracy", "--runs", str(tmp_path), "--tasks", "image", "--kinds", "standard",
             "--accumulate", "image/standard=2", "data.batch_size=64"])
@@ -260,6 +267,23 @@ def test_accumulate_parsed_and_applied(tmp_path, capsys):
     cfg = cfg_for("experiment=lra/image", "data.batch_size=64", "data.batch_size=32", "global_batch_size=64")
     assert (cfg.data.batch_size, cfg.global_batch_size) == (32, 64)
     assert R.parse_accumulate(["pathfinder/blocksparse=8"]) == {("pathfinder", "blocksparse"): 8}
+
+
+def test_accuracy_runs_and_missing_commands_accumulate_too(tmp_path, capsys):
+    """A standard accuracy run of Retrieval takes its batch of 32 as 4 x 8, like its speed run: without it, the
+    command the table lists for a missing run would run out of memory on one 80 GiB GPU."""
+    R.main(["--dry-run", "--skip-speed", "--runs", str(tmp_path), "--tasks", "retrieval", "--kinds", "standard",
+            "flash"])
+    cmds = {c.split()[3][len("attn="):]: c for c in speed_cmds(capsys)}
+    assert cmds["standard"].endswith("data.batch_size=8 global_batch_size=32")
+    assert "global_batch_size" not in cmds["flash"]
+    (tmp_path / "runs").mkdir()
+    summary = R.main(["--collect", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--tasks", "retrieval",
+                      "--kinds", "standard", "flash"])
+    capsys.readouterr()
+    by_kind = {m["kind"]: m["command"] for m in summary["missing"]}
+    assert by_kind["standard"].endswith("data.batch_size=8 global_batch_size=32")
+    assert "global_batch_size" not in by_kind["flash"]
 
 
 @pytest.mark.parametrize("spec,why", [("retrieval=2", "TASK/KIND=N"), ("retrieval/standard", "TASK/KIND=N"),
@@ -312,7 +336,7 @@ def test_keep_speed_two_invocations_make_one_table(tmp_path, monkeypatch):
     assert first["speed_data"] == str(small)
     # the second call: a stale text run is replaced, listops kept, image added
     monkeypatch.setattr(R.Runner, "run", fake_runner({"standard": 300.0, "flash": 100.0}))
-    s = R.main([*common, "--tasks", "text", "image", "--keep-speed"])
+    s = R.main([*common, "--tasks", "text", "image", "--keep-speed", "--accumulate", "text/standard=1"])
     assert s["tasks"] == ["listops", "text", "image"]
     assert s["speed"]["listops"]["flash"]["speedup"] == pytest.approx(2.0)  # kept from the first call
     assert s["speed"]["text"]["flash"]["speedup"] == pytest.approx(3.0)  # rerun
