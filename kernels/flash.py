@@ -738,22 +738,21 @@ _DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4
 # that compiled returned NaN in the A/B (results/attention/ws_fwd_ab/); with 8 warps the compiler does not
 # specialise. Candidates only where `_ws_unsupported` finds nothing against it (see `_fwd_kind`).
 _FWD_WS_SHAPES = [(128, 128, 4, 2)]
-# Head dims above 128 only (_prune drops them below): 8 warps over small tiles. At head dim 256 these compile
-# without spilling on sm_90 and fit shared memory, where the configs of the lists above that fit 256 spill: every
-# dK/dV one (88-3,176 bytes per thread), all dQ ones but (64, 16, 4, 4) (up to 1,680), all forward ones but
-# (64, 32, 4, 4) (up to 1,360) (results/attention/kernel_resources/sm90_hd256.md). Not yet timed: the autotuner
-# weighs them.
+# Forward candidates for head dims above 128 only (_prune drops them below): 8 warps over small tiles, which
+# compile without spilling at head dim 256 on sm_90 where all forward configs above but (64, 32, 4, 4) spill (up
+# to 1,360 bytes per thread; results/attention/kernel_resources/sm90_hd256.md). On the H100 the autotuner picked
+# (128, 32, 8, 2) at 512 and 1K non-causal (forward 1.02-1.04x the run before them). The backward's spill-free
+# 8-warp candidates were never picked at any of 8 head-dim-256 shapes and left the lists
+# (results/attention/tune/h100_hd256_wide/).
 _FWD_WIDE_SHAPES = [(64, 64, 8, 2), (64, 64, 8, 3), (128, 32, 8, 2), (64, 32, 8, 3)]
-_DKDV_WIDE_SHAPES = [(32, 64, 8, 2), (32, 64, 8, 3), (16, 64, 8, 2), (64, 32, 8, 2)]
-_DQ_WIDE_SHAPES = [(64, 64, 8, 2), (64, 32, 8, 2), (32, 64, 8, 2)]
 
 
 def tuning_shapes(kind: str, block_d: int) -> list[tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, warps, stages) the autotuner of `kind` ("fwd", "dkdv", "dq", "fused") holds for a padded
-    head dim, before `_prune` drops the tiles too large for it: the wide-only candidates join above 128. A new
+    head dim, before `_prune` drops the tiles too large for it: the forward's wide-only candidates join above 128. A new
     list (scripts/tune_flash.py and kernel_resources.py add their own candidates to it)."""
     base = {"fwd": _FWD_SHAPES, "dkdv": _DKDV_SHAPES, "dq": _DQ_SHAPES, "fused": _FUSED_SHAPES}[kind]
-    wide = {"fwd": _FWD_WIDE_SHAPES, "dkdv": _DKDV_WIDE_SHAPES, "dq": _DQ_WIDE_SHAPES}.get(kind, [])
+    wide = _FWD_WIDE_SHAPES if kind == "fwd" else []
     return [*base, *(wide if block_d > 128 else [])]
 _TUNE_KEY = ["TUNE_Q", "TUNE_K", "HEAD_DIM", "IS_CAUSAL", "VARLEN", "HAS_DROPOUT"]
 _INTERP_BLOCK = {"BLOCK_M": 16, "BLOCK_N": 16}
@@ -789,7 +788,7 @@ _fwd_tuned = _autotuned(_fwd_kernel, _fwd_configs())
 # A second tuner for launches that may warp-specialise: its own cache, so that a choice made for inputs
 # the WS loop can read never reaches inputs it cannot (the tuning key does not see strides or the GPU).
 _fwd_ws_tuned = _autotuned(_fwd_kernel, _fwd_configs() + _configs(_FWD_WS_SHAPES, WARP_SPEC=True))
-_dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES) + _configs(_DKDV_WIDE_SHAPES, wide_only=True))
+_dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES))
 # The fused backward's dK/dV(+dQ) kernel: the configs of the one-kernel A/B (results/attention/tma_dq/, head dims
 # 16-64), then three that spill least in this integrated form (sm_90 compile, results/attention/fused_bwd/; the
 # two non-spilling 16-row tiles at head dim 64 were never picked there); its tuning runs must start from a zero
@@ -797,7 +796,7 @@ _dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES) + _configs(_DK
 _FUSED_SHAPES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2), (64, 64, 8, 2),
                  (64, 64, 8, 3), (32, 64, 4, 3)]
 _fused_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_FUSED_SHAPES), reset_to_zero=["DQA"])
-_dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES) + _configs(_DQ_WIDE_SHAPES, wide_only=True))
+_dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 
 
 # Fixed configs for FLASH_AUTOTUNE=0 (e.g. GPU tests, which would otherwise tune every shape they touch),

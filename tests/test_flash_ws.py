@@ -64,12 +64,14 @@ def test_ws_configs():
 def test_wide_only_configs_are_tuned_above_head_dim_128_only():
     import kernels.flash as F
 
-    tuned = F._dkdv_tuned.configs
+    tuned = F._fwd_tuned.configs
     shape = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
-    wide = set(F._DKDV_WIDE_SHAPES) - set(F._DKDV_SHAPES)
+    wide = set(F._FWD_WIDE_SHAPES) - set(F._FWD_SHAPES)
     at = {d: {shape(c) for c in F._prune(tuned, {}, BLOCK_D=d)} for d in (64, 128, 256)}
     assert wide and wide <= at[256] and not wide & (at[64] | at[128])
     assert (128, 128, 8, 2) in at[128] and (128, 128, 8, 2) not in at[256]  # too large a tile at 256
+    assert F.tuning_shapes("fwd", 256) == [*F._FWD_SHAPES, *F._FWD_WIDE_SHAPES]
+    assert F.tuning_shapes("fwd", 128) == F._FWD_SHAPES and F.tuning_shapes("dkdv", 256) == F._DKDV_SHAPES
 
 
 def test_every_tuner_config_survives_the_tuning_cache_round_trip():
