@@ -89,6 +89,27 @@ def test_every_tuner_config_survives_the_tuning_cache_round_trip():
             assert again == c and str(again) == str(c)
 
 
+@pytest.mark.gpu
+def test_autotuned_launch_reads_its_tuning_cache_in_a_new_process(tmp_path):
+    """The round trip above, for real: a second process reads the first one's tuning results from Triton's cache
+    (the path that raised TypeError with the extra config attribute, and that GPU tests with FLASH_AUTOTUNE=0
+    never take)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; from kernels.flash import flash_attn_func\n"
+            "q, k, v = (torch.randn(1, 256, 2, 64, device='cuda', dtype=torch.float16, requires_grad=True)"
+            " for _ in range(3))\n"
+            "flash_attn_func(q, k, v, causal=True).sum().backward(); torch.cuda.synchronize(); print('ok')")
+    env = {**os.environ, "FLASH_AUTOTUNE": "1", "TRITON_CACHE_DIR": str(tmp_path)}
+    for run in ("tunes and writes the cache", "reads it"):
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert r.returncode == 0 and r.stdout.strip().endswith("ok"), f"{run}: {r.stderr[-2000:]}"
+        assert list(tmp_path.rglob("*.autotune.json")), run
+
+
 @pytest.mark.parametrize("autotune", ["0", "1"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("headdim", [32, 64, 96, 128, 256])
