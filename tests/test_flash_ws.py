@@ -98,10 +98,14 @@ def test_autotuned_launch_reads_its_tuning_cache_in_a_new_process(tmp_path):
     import subprocess
     import sys
 
+    # every tuner: head dim 64 (forward, dK/dV, dQ), 128 (the warp-specialised forward's), 32 with dropout (the
+    # fused backward's, which resets its dQ buffer between tuning runs)
     code = ("import torch; from kernels.flash import flash_attn_func\n"
-            "q, k, v = (torch.randn(1, 256, 2, 64, device='cuda', dtype=torch.float16, requires_grad=True)"
+            "for d, p in ((64, 0.0), (128, 0.0), (32, 0.1)):\n"
+            "    q, k, v = (torch.randn(1, 256, 2, d, device='cuda', dtype=torch.float16, requires_grad=True)"
             " for _ in range(3))\n"
-            "flash_attn_func(q, k, v, causal=True).sum().backward(); torch.cuda.synchronize(); print('ok')")
+            "    flash_attn_func(q, k, v, dropout_p=p, causal=True).sum().backward()\n"
+            "torch.cuda.synchronize(); print('ok')")
     env = {**os.environ, "FLASH_AUTOTUNE": "1", "TRITON_CACHE_DIR": str(tmp_path)}
     for run in ("tunes and writes the cache", "reads it"):
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
