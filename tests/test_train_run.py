@@ -230,3 +230,27 @@ def test_compare_attention_streams_progress_and_reports_a_timeout(embedded_data,
     assert p.returncode == 0, p.stderr[-3000:]
     table = (tmp_path / "out" / "cut.md").read_text()
     assert "timed out after 3" in table, table
+
+
+@pytest.mark.parametrize("overrides,want", [
+    (["experiment=lra/retrieval", "attn=standard"], "data.batch_size=16 global_batch_size=32"),
+    (["experiment=lra/listops", "data.batch_size=16", "global_batch_size=32"], "data.batch_size=8 global_batch_size=32"),
+    (["experiment=lra/text", "data.batch_size=15", "global_batch_size=30"], "data.batch_size=5 global_batch_size=30"),
+    (["experiment=lra/text", "data.batch_size=1", "global_batch_size=32"], "at micro-batch 1: a smaller model"),
+])
+def test_out_of_memory_hint_keeps_the_batch(overrides, want):
+    """After a CUDA OOM, run.py names the overrides that run the same batch per optimizer step in smaller
+    micro-batches (the hint is checked to compose into a valid run: the batch still splits)."""
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, register_resolvers
+    from train.run import out_of_memory_hint
+
+    register_resolvers()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+        hint = out_of_memory_hint(cfg)
+        assert want in hint
+        if "global_batch_size=" in hint:
+            new = compose("config", overrides=[*overrides, *hint.rsplit(": ", 1)[1].split()])
+            assert new.global_batch_size % new.data.batch_size == 0 and new.data.batch_size < cfg.data.batch_size

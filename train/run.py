@@ -214,6 +214,19 @@ def train(cfg: DictConfig):
     return trainer, task
 
 
+def out_of_memory_hint(cfg: DictConfig) -> str:
+    """What to change after a CUDA out-of-memory error: the same run with a smaller micro-batch and gradient
+    accumulation, i.e. the same sequences per optimizer step and the same curve."""
+    micro = int(cfg.data.batch_size)
+    total = int(cfg.get("global_batch_size") or micro * world_size(cfg.trainer))
+    smaller = next((d for d in range(micro // 2, 0, -1) if micro % d == 0), None)
+    if smaller is None:
+        return ("out of GPU memory at micro-batch 1: a smaller model, a shorter sequence, or "
+                "model.activation_checkpointing=true where the model has it")
+    return (f"out of GPU memory at micro-batch {micro}: the same run (the same {total} sequences per optimizer "
+            f"step) with less memory per micro-batch: data.batch_size={smaller} global_batch_size={total}")
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig):
     if cfg.get("print_config"):
@@ -221,8 +234,13 @@ def main(cfg: DictConfig):
     os.makedirs(cfg.output_dir, exist_ok=True)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    import torch
+
     try:
         trainer, _ = train(cfg)
+    except torch.OutOfMemoryError:
+        print(out_of_memory_hint(cfg), file=sys.stderr, flush=True)
+        raise
     except SIGTERMException:  # stopped at an optimizer step with checkpoints/last.ckpt (train.callbacks.CallLog)
         print(f"stopped by SIGTERM; the same command with ckpt_path=last resumes ({cfg.output_dir}/calls.csv)",
               flush=True)
