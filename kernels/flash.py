@@ -752,8 +752,9 @@ def tuning_shapes(kind: str, block_d: int) -> list[tuple[int, int, int, int]]:
     head dim, before `_prune` drops the tiles too large for it: the forward's wide-only candidates join above 128. A new
     list (scripts/tune_flash.py and kernel_resources.py add their own candidates to it)."""
     base = {"fwd": _FWD_SHAPES, "dkdv": _DKDV_SHAPES, "dq": _DQ_SHAPES, "fused": _FUSED_SHAPES}[kind]
-    wide = _FWD_WIDE_SHAPES if kind == "fwd" else []
-    return [*base, *(wide if block_d > 128 else [])]
+    return [*base, *(_FWD_WIDE_SHAPES if kind == "fwd" and block_d > 128 else [])]
+
+
 _TUNE_KEY = ["TUNE_Q", "TUNE_K", "HEAD_DIM", "IS_CAUSAL", "VARLEN", "HAS_DROPOUT"]
 _INTERP_BLOCK = {"BLOCK_M": 16, "BLOCK_N": 16}
 

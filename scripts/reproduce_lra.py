@@ -885,6 +885,12 @@ def main(argv=None):
                 batches[(t, kind)] = accumulated_batch(t, kind, n, extra)
     except ValueError as e:
         ap.error(str(e))
+
+    def run_command(t, kind, seed, max_steps=args.max_steps, ckpt=None, budget_s=None):
+        """The accuracy run of (t, kind, seed) as this invocation runs or lists it."""
+        return accuracy_command(t, kind, runs, seed, max_steps, args.ckpt_every, extra, ckpt, budget_s=budget_s,
+                                batch=batches.get((t, kind)))
+
     speed_data = repo_path(args.speed_data) if args.speed_data else None
     if not args.collect:
         if args.prepare:
@@ -935,15 +941,12 @@ def main(argv=None):
                             continue
                         ckpt = resume_checkpoint(d)
                         # resumed: train/run.py keeps the cut-off metrics.csv as metrics.partK.csv
-                        cmd = accuracy_command(t, kind, runs, seed, args.max_steps, args.ckpt_every, extra, ckpt,
-                                               budget_s=runner.self_stop_budget(), batch=batches.get((t, kind)))
+                        cmd = run_command(t, kind, seed, ckpt=ckpt, budget_s=runner.self_stop_budget())
                         status = runner.run(cmd, d / "stdout.log")
                         if status not in ("ok", "dry run"):
                             ckpt = resume_checkpoint(d)
                             missing.append({"task": t, "kind": kind, "seed": seed, "why": status,
-                                            "command": show(accuracy_command(t, kind, runs, seed, args.max_steps,
-                                                                             args.ckpt_every, extra, ckpt,
-                                                                             batch=batches.get((t, kind))))})
+                                            "command": show(run_command(t, kind, seed, ckpt=ckpt))})
                             print(f"  {t}/{kind}/seed{seed}: {status}", flush=True)
         if args.dry_run:
             return None
@@ -964,9 +967,8 @@ def main(argv=None):
             missing.append({"task": u["task"], "kind": u["kind"], "seed": u["seed"],
                             "why": f"cut off at step {u['steps_done']} of {u['max_steps']}"
                                    + ("" if last else " (no last.ckpt here: the command starts it again)"),
-                            "command": u.get("command") or show(accuracy_command(
-                                u["task"], u["kind"], runs, u["seed"], steps, args.ckpt_every, extra, last,
-                                batch=batches.get((u["task"], u["kind"]))))})
+                            "command": u.get("command") or show(run_command(u["task"], u["kind"], u["seed"], steps,
+                                                                            last))})
     known |= {(m["task"], m["kind"], m["seed"]) for m in missing}
     for t in args.tasks:
         for kind in args.kinds:
@@ -974,9 +976,7 @@ def main(argv=None):
                 continue
             for seed in args.seeds:
                 missing.append({"task": t, "kind": kind, "seed": seed, "why": "not run",
-                                "command": show(accuracy_command(t, kind, runs, seed, args.max_steps,
-                                                                 args.ckpt_every, extra,
-                                                                 batch=batches.get((t, kind))))})
+                                "command": show(run_command(t, kind, seed))})
     summary["missing"] = missing
     meta = run_metadata(argv and ["scripts/reproduce_lra.py", *argv])
     if summary["speed_session"] and summary["speed_session"].get("gpu"):

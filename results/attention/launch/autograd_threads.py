@@ -10,27 +10,13 @@ cost, ours drops toward SDPA's with it off, and SDPA barely moves. Prediction: o
     python results/attention/launch/autograd_threads.py        # on a GPU
 """
 import sys
-import time
 
-sys.path.insert(0, ".")
+sys.path[:0] = [".", "scripts"]
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from bench_host_overhead import host_us  # noqa: E402  (the measurement of host_overhead.md)
 from kernels.flash import flash_attn_func  # noqa: E402
-
-
-def host_us(fn, calls=300, repeats=5):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t) / calls * 1e6)
-        torch.cuda.synchronize()
-    return sorted(times)[len(times) // 2]
 
 
 def main():
