@@ -101,11 +101,15 @@ class StandardAttention(Attention):
     attention scores and, as both take the same draws from torch's generator, the same hidden units, so
     their curves differ by rounding alone (quality parity, configs/attn/standard-matched.yaml). Off by
     default: the mask costs a kernel launch and seqlen^2 bytes a head.
+    upcast_scores: scores and softmax in float32 under a 16-bit input dtype (standard_attention), the
+    kernels' precision; twice the score matrix's memory. Off by default, as in the paper's baseline.
     """
 
-    def __init__(self, dropout: float = 0.0, softmax_scale: float | None = None, kernel_dropout_mask: bool = False):
+    def __init__(self, dropout: float = 0.0, softmax_scale: float | None = None, kernel_dropout_mask: bool = False,
+                 upcast_scores: bool = False):
         super().__init__(dropout, softmax_scale)
         self.kernel_dropout_mask = kernel_dropout_mask
+        self.upcast_scores = upcast_scores
 
     def forward_padded(self, q, k, v, causal, key_padding_mask):
         mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
@@ -120,10 +124,11 @@ class StandardAttention(Attention):
             seed = draw_dropout_seed(q.device)
             dropout_mask = dropout_keep_mask(seed, q.shape[0], q.shape[2], q.shape[1], k.shape[1], self.dropout_p)
         return standard_attention(q, k, v, dropout_p=self.dropout_p, softmax_scale=self.softmax_scale, causal=causal,
-                                  mask=mask, dropout_mask=dropout_mask)
+                                  mask=mask, dropout_mask=dropout_mask, upcast_scores=self.upcast_scores)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + (", kernel_dropout_mask=True" if self.kernel_dropout_mask else "")
+        return (super().extra_repr() + (", kernel_dropout_mask=True" if self.kernel_dropout_mask else "")
+                + (", upcast_scores=True" if self.upcast_scores else ""))
 
 
 class SDPAttention(Attention):

@@ -44,6 +44,7 @@ def standard_attention(
     mask: torch.Tensor | None = None,
     dropout_mask: torch.Tensor | None = None,
     return_lse: bool = False,
+    upcast_scores: bool = False,
 ):
     """Attention with the score matrix materialised.
 
@@ -51,6 +52,9 @@ def standard_attention(
         combined with `causal`.
     dropout_mask: optional bool keep-mask of shape (batch, nheads, seqlen_q, seqlen_k); when given it is
         used instead of drawing one (tests pass the kernel's own mask to compare exactly).
+    upcast_scores: form the scores and softmax them in float32 when the inputs are narrower, as the fused
+        kernels keep them on chip; the probabilities go back to v's dtype for the product with V, as the
+        kernels' do. Off (the paper's baseline), a bfloat16 run rounds every score to 8 significant bits.
     Returns out (batch, seqlen_q, nheads, headdim), and with return_lse also the log-sum-exp of the
     scaled, masked scores, (batch, nheads, seqlen_q) in float32 or float64.
     """
@@ -60,6 +64,8 @@ def standard_attention(
     k, v = repeat_kv(k, nheads), repeat_kv(v, nheads)
 
     # Scale q (N x d) rather than the scores (N x N): one pass over the big matrix fewer.
+    if upcast_scores and q.element_size() < 4:
+        q, k = q.float(), k.float()  # the scale then applies in float32 too, as in the kernels
     scores = torch.einsum("bqhd,bkhd->bhqk", q * scale, k)
     allowed = None
     if causal:
@@ -80,7 +86,7 @@ def standard_attention(
     elif dropout_p > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout_p)
 
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
     if not return_lse:
         return out
     stat_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32

@@ -20,6 +20,10 @@ holds a finished run (its metrics.csv reaches trainer.max_steps), so a sweep lon
 GPU call) is finished by running the same command again:
 
     python scripts/compare_attention.py --attn standard,flash --reuse --name gpt2_parity experiment=gpt2/small-corpus ...
+
+--tabulate runs nothing: it writes the table and plot from the run folders already under --runs-dir (the same
+overrides name max_steps), e.g. after the GPU machine was taken back mid-sweep. A run that stopped short is
+kept and labelled with the step it reached; parity then compares the evaluations both kinds made.
 """
 from __future__ import annotations
 
@@ -95,12 +99,16 @@ def main(argv=None):
     ap.add_argument("--reuse", action="store_true", help="keep kinds whose run folder holds a finished run")
     ap.add_argument("--parity-tol", type=float, default=0.01,
                     help="largest relative val/ppl gap to the first kind, at any evaluation, that passes")
+    ap.add_argument("--tabulate", action="store_true",
+                    help="run nothing: tabulate the run folders under --runs-dir, unfinished ones included")
     args, overrides = ap.parse_known_args(argv)
-    max_steps = configured_max_steps(overrides) if args.reuse else None
+    max_steps = configured_max_steps(overrides) if args.reuse or args.tabulate else None
     out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     env = run_metadata([__file__, *(argv if argv is not None else sys.argv[1:])])
+    if args.tabulate:  # the machine that trained, not this one
+        env = runs_env(env, [repo_path(args.runs_dir) / attn for attn in args.attn.split(",")])
     rows = []
     for attn in args.attn.split(","):
         run_dir = repo_path(args.runs_dir) / attn
@@ -108,6 +116,9 @@ def main(argv=None):
                f"hydra.run.dir={run_dir}", "logger=csv", "trainer.enable_progress_bar=false"]
         metrics = run_dir / "metrics.csv"
         row = {"attn": attn, "command": " ".join(["python", *(rel_arg(c) for c in cmd[1:])])}
+        if args.tabulate:
+            rows.append(tabulated(row, metrics, max_steps))
+            continue
         if args.reuse and finished(metrics, max_steps):
             row.update(reused=True, **summarize(read_metrics(metrics)), series=read_metrics(metrics))
             rows.append(row)
@@ -136,10 +147,43 @@ def main(argv=None):
         rows.append(row)
         print(attn, {k: v for k, v in row.items() if k not in ("series", "command")}, flush=True)
         md = write_table(rows, out, args.name, env, args.parity_tol)  # after every run: a cut-off sweep keeps its rows
-        plot(rows, out / f"{args.name}.png", env)
+        plot(rows, out / f"{args.name}.png", env, args.parity_tol)
 
-    plot(rows, out / f"{args.name}.png", env)
+    if args.tabulate:
+        md = write_table(rows, out, args.name, env, args.parity_tol)
+    plot(rows, out / f"{args.name}.png", env, args.parity_tol)
     print("\n".join(md))
+
+
+def runs_env(env: dict, run_dirs: list[Path]) -> dict:
+    """--tabulate's header: GPU, versions and dates from the runs' calls.csv (train/run.py writes one row per
+    call), with this invocation's command."""
+    calls = []
+    for d in run_dirs:
+        if (d / "calls.csv").exists():
+            with open(d / "calls.csv") as f:
+                calls += list(csv.DictReader(f))
+    if not calls:
+        raise SystemExit(f"--tabulate: no calls.csv under {[rel_arg(str(d)) for d in run_dirs]}: nothing says which "
+                         "GPU and versions the runs used")
+    versions = dict(part.split(" ", 1) for part in calls[0]["software"].split(", "))
+    starts = sorted(c["started_utc"] for c in calls)
+    ends = sorted(c["ended_utc"] for c in calls if c.get("ended_utc"))
+    return {"gpu": " / ".join(sorted({c["device"] for c in calls})), **versions,
+            "date": f"trained {starts[0]} to {ends[-1] if ends else '?'}, tabulated {env['date']}",
+            "command": env["command"]}
+
+
+def tabulated(row: dict, metrics: Path, max_steps: int | None) -> dict:
+    """row filled from an existing run folder's metrics (--tabulate); one short of max_steps notes where it stopped."""
+    if not metrics.exists():
+        return {**row, "error": f"no run: {rel_arg(str(metrics))} does not exist"}
+    series = read_metrics(metrics)
+    row.update(summarize(series), series=series)
+    if max_steps is not None and not finished(metrics, max_steps):
+        last = max((s for vals in series.values() for s, _ in vals), default=-1)
+        row["stopped_at"] = f"step {last + 1:,} of {max_steps:,}"  # metrics carry the 0-based step index
+    return row
 
 
 # What compare_attention echoes of a run's output: train/run.py's progress lines (one per logging window with the
@@ -217,7 +261,8 @@ def write_table(rows, out, name, env, tol: float = 0.01):
         f = lambda k, fmt: (fmt.format(r[k]) if k in r else "-")  # noqa: E731
         sp = f"{r['tokens_per_s'] / base:.2f}x" if base and "tokens_per_s" in r else "-"
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
-        label = f"{r['attn']} (earlier call)" if r.get("reused") else r["attn"]
+        label = (f"{r['attn']} (earlier call)" if r.get("reused") else
+                 f"{r['attn']} (stopped at {r['stopped_at']})" if r.get("stopped_at") else r["attn"])
         md.append(f"| {label} | {f('tokens_per_s', '{:,.0f}')} | {f('step_time_ms', '{:.1f}')} | {sp} | {mfu} "
                   f"| {f('peak_mem_gib', '{:.2f}')} | {f('val/ppl', '{:.2f}')} |")
     if any(r.get("reused") for r in rows):
@@ -231,10 +276,11 @@ def write_table(rows, out, name, env, tol: float = 0.01):
     return md
 
 
-def plot(rows, path, env):
+def plot(rows, path, env, tol: float = 0.01):
     plt = pyplot()
     ok = [r for r in rows if "tokens_per_s" in r]
-    fig, ax = plt.subplots(1, 3, figsize=(14, 3.8))
+    curves = [r for r in ok if r["series"].get("val/ppl")]
+    fig, ax = plt.subplots(1, 4 if len(curves) > 1 else 3, figsize=(18 if len(curves) > 1 else 14, 3.8))
     ax[0].bar([r["attn"] for r in ok], [r["tokens_per_s"] / 1e3 for r in ok], color="tab:blue")
     ax[0].set_ylabel("training throughput (K tokens/s)")
     ax[0].set_title(env["gpu"], fontsize=9)
@@ -250,6 +296,16 @@ def plot(rows, path, env):
     ax[2].set_ylabel("validation perplexity")
     ax[2].set_yscale("log")
     ax[2].legend()
+    if len(curves) > 1:  # parity: each kind's val/ppl relative to the first kind's, with the tolerance band
+        ref = dict(curves[0]["series"]["val/ppl"])
+        for r in curves[1:]:
+            pts = [(s, 100 * (v / ref[s] - 1)) for s, v in r["series"]["val/ppl"] if s in ref]
+            ax[3].plot([s for s, _ in pts], [g for _, g in pts], marker="o", ms=3, label=r["attn"])
+        ax[3].axhspan(-100 * tol, 100 * tol, color="tab:green", alpha=0.15, label=f"+-{100 * tol:g}%")
+        ax[3].axhline(0, color="gray", lw=0.8)
+        ax[3].set_xlabel("optimizer step")
+        ax[3].set_ylabel(f"val/ppl gap to {curves[0]['attn']} (%)")
+        ax[3].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

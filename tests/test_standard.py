@@ -69,3 +69,23 @@ def test_dropout_only_in_training_and_bad_probability():
     assert not torch.allclose(core(q, q, q), StandardAttention()(q, q, q))
     with pytest.raises(ValueError, match="dropout"):
         StandardAttention(dropout=1.0)
+
+
+def test_upcast_scores_keeps_the_kernels_precision_in_bfloat16():
+    """upcast_scores forms and softmaxes the scores in float32 (as the fused kernels do): against the float64
+    reference its bfloat16 output is closer than the plain path's, which rounds the scores to 8 bits; with float32
+    inputs it changes nothing, and gradients reach q, k, v in their own dtype."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 64, 2, 32, dtype=torch.float64) * s for s in (3.0, 3.0, 1.0))
+    ref = standard_attention(q, k, v, causal=True)
+    lo = [x.bfloat16().requires_grad_() for x in (q, k, v)]
+    plain = standard_attention(*lo, causal=True)
+    upcast = standard_attention(*lo, causal=True, upcast_scores=True)
+    assert upcast.dtype == torch.bfloat16
+    err = lambda out: (out.double() - ref).abs().max().item()  # noqa: E731
+    assert err(upcast) < 0.5 * err(plain), (err(upcast), err(plain))
+    upcast.sum().backward()
+    assert all(x.grad is not None and x.grad.dtype == torch.bfloat16 for x in lo)
+    f32 = [x.float() for x in (q, k, v)]
+    assert torch.equal(standard_attention(*f32, causal=True), standard_attention(*f32, causal=True, upcast_scores=True))
+    assert "upcast_scores=True" in repr(StandardAttention(upcast_scores=True))

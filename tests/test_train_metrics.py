@@ -135,6 +135,35 @@ def test_compare_attention_parity_and_reuse(tmp_path):
     assert configured_max_steps(["experiment=gpt2/small-parity", "trainer.max_steps=20"]) == 20
 
 
+def test_compare_attention_tabulates_existing_runs_without_running(tmp_path):
+    """--tabulate (after a GPU machine was taken back mid-sweep): a table from the run folders alone, the short
+    run labelled with the step it reached, parity over the evaluations both made, a missing kind an error row."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import compare_attention
+
+    runs = tmp_path / "runs"
+    for name, ppls in (("standard", [(99, 200.0), (199, 100.0)]), ("flash", [(99, 201.0)])):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "metrics.csv").write_text(
+            "epoch,step,perf/tokens_per_s,perf/step_time_ms,val/ppl\n0,49,1000,9,\n0,79,1200,8,\n"
+            + "".join(f"0,{s},,,{p}\n" for s, p in ppls))
+        (runs / name / "calls.csv").write_text(
+            "call,started_utc,ended_utc,device,software\n"
+            f"1,2026-01-0{len(name) % 9}T00:00:00,,GPU X x 4,\"torch 9.0, triton 8.0\"\n")
+    compare_attention.main(["--tabulate", "--attn", "standard,flash,sdpa", "--runs-dir", str(runs), "--out",
+                            str(tmp_path / "table"), "--name", "t", "experiment=gpt2/small-parity",
+                            "trainer.max_steps=200"])
+    md = (tmp_path / "table" / "t.md").read_text()
+    assert "| standard | 1,200 |" in md and "| flash (stopped at step 100 of 200) | 1,200 |" in md
+    assert "flash vs standard: largest gap 0.50% over 1 evaluations" in md
+    assert "| sdpa | failed: no run:" in md
+    assert md.startswith("# Attention kinds, same training config (GPU X x 4)\n\ntorch 9.0, triton 8.0, trained 2026-01-05")
+    assert not (runs / "sdpa").exists()  # nothing ran
+
+
 def test_progress_line():
     from train.callbacks import progress_line
 
