@@ -1,0 +1,313 @@
+"""Prototype (session 23, not yet run on a GPU): the forward written in Gluon, Triton 3.6's explicit-layout dialect,
+to do by hand on Hopper what `@triton.jit` leaves to the compiler: Q, K, V arrive by TMA (K and V in a STAGES-deep
+ring, each tile behind its own mbarrier), the two matmuls are asynchronous wgmma, and the main loop has
+FlashAttention-3's order (Shah et al., 2024, section 3.2), so that the scores of tile j are computed while the
+product with tile j-1's probabilities is still on the tensor cores:
+
+    per tile j = 1 .. n-1, one warpgroup per 64 query rows (8 warps: 128 rows):
+    wait K(j); issue S(j) = Q K(j)^T                          (async)
+    O *= alpha(j-1) (O into tile j-1's max frame); wait V(j-1); issue O += P(j-1) V(j-1)   (async, P in registers)
+    wait until one wgmma is left: S(j) done; softmax of S(j) -> P(j), alpha(j)
+    wait for the other: O done; refill tile j-1's ring slots with tile j-1+STAGES
+
+then O += P(n-1) V(n-1), O /= l, O out through Q's shared tile by TMA, and the log-sum-exp (base 2, as
+kernels/flash.py keeps it) to LSE.
+
+What the sm_90 compile shows (CPU, `compile` and README.md): no spills at any config (162-250 registers), and
+ptxas puts the second wait right after the first, before the softmax's exponentials, whatever the source order
+(P in registers or in shared memory, with or without the row-max shuffles). So the overlap within a warpgroup
+does not survive ptxas; what overlaps is one warpgroup's softmax with the other's matmuls, as FlashAttention-3's
+authors say of theirs (flash-attention issue #1764), which orders the two with named barriers (ping-pong).
+
+Scope: dense self-attention, (batch, seqlen, heads, head_dim) contiguous bf16, head dim 64 or 128, seqlen a
+multiple of the tiles, causal or not, no dropout. Not wired into kernels/: a device A/B decides whether the
+route is worth the features.
+
+    python results/attention/gluon_fwd/gluon_fwd.py compile    # CPU: compiles for sm_90, registers / spills / smem
+    python results/attention/gluon_fwd/gluon_fwd.py check      # GPU: against float64 attention and ours
+    python results/attention/gluon_fwd/gluon_fwd.py bench      # GPU: forward ms against ours and cuDNN (SDPA)
+"""
+import math
+import sys
+
+sys.path.insert(0, ".")
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_layout: gl.constexpr):
+    """Online softmax of one score tile (float32, s_layout): (P unnormalised, new row max, new row sum, alpha)."""
+    if MASK:  # the tile crosses the diagonal: key j is visible to query i iff j <= i
+        cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
+        s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, slot, kv_row0, col, n_tiles,
+             BLOCK_N: gl.constexpr, KV_BYTES: gl.constexpr):
+    pred = tile < n_tiles
+    mbarrier.expect(k_bars.index(slot), KV_BYTES, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [kv_row0 + tile * BLOCK_N, col], k_bars.index(slot), k_smem.index(slot),
+                                    pred=pred)
+    mbarrier.expect(v_bars.index(slot), KV_BYTES, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [kv_row0 + tile * BLOCK_N, col], v_bars.index(slot), v_smem.index(slot),
+                                    pred=pred)
+
+
+@gluon.jit
+def _attn_fwd(Q, K, V, O, LSE, total_rows, seqlen, nheads, qk_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr, s_layout: gl.constexpr,
+              o_layout: gl.constexpr, p_layout: gl.constexpr):
+    dtype: gl.constexpr = Q.dtype.element_ty
+    KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    Q_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    n_m = gl.num_programs(0)
+    pid_m = gl.program_id(0)
+    if IS_CAUSAL:  # the longest rows first, so the short ones fill the last wave
+        pid_m = n_m - 1 - pid_m
+    bh = gl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    width = nheads * HEAD_DIM
+    col = h * HEAD_DIM
+    kv_row0 = b * seqlen
+    start_m = pid_m * BLOCK_M
+    q_desc = tma.make_tensor_descriptor(Q, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], q_layout)
+    k_desc = tma.make_tensor_descriptor(K, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    v_desc = tma.make_tensor_descriptor(V, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    o_desc = tma.make_tensor_descriptor(O, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], q_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    if IS_CAUSAL:
+        n_tiles = gl.cdiv(start_m + BLOCK_M, BLOCK_N)
+        n_full = (start_m + 1) // BLOCK_N  # tiles whose last key every row of this tile sees: no mask
+    else:
+        n_tiles = seqlen // BLOCK_N
+        n_full = n_tiles
+
+    mbarrier.expect(q_bar, Q_BYTES)
+    tma.async_copy_global_to_shared(q_desc, [kv_row0 + start_m, col], q_bar, q_smem)
+    for i in gl.static_range(STAGES):
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, i, kv_row0, col, n_tiles, BLOCK_N, KV_BYTES)
+
+    rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    # tile 0: scores and softmax, nothing to overlap with yet
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, (s_tok,))
+    if IS_CAUSAL:
+        if n_full < 1:
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, True, s_layout)
+        else:
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, False, s_layout)
+    else:
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, False, s_layout)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    for j in range(1, n_tiles):
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        # O into tile j-1's max frame now, before its P V, as FlashAttention-3 orders it: after the wait below
+        # nothing reads O, so the compiler has no reason to pull that wait up into the softmax
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
+        if IS_CAUSAL:
+            if j >= n_full:
+                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, True, s_layout)
+            else:
+                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, False, s_layout)
+        else:
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, False, s_layout)
+        acc = warpgroup_mma_wait(0, (acc_tok,))
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, prev, kv_row0, col, n_tiles,
+                 BLOCK_N, KV_BYTES)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    last = (n_tiles - 1) % STAGES
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, (acc_tok,))
+
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+    acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    q_smem.store(acc.to(dtype))  # Q is no longer read: its tile takes O on the way out
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [kv_row0 + start_m, col], q_smem)
+    gl.store(LSE + bh.to(gl.int64) * seqlen + rows, m_i + gl.log2(l_i))
+    tma.store_wait(0)
+
+
+def layouts(head_dim: int, block_m: int, block_n: int, warps: int, dtype=gl.bfloat16) -> dict:
+    """The kernel's layout constexprs: shared (TMA + wgmma operands) and the wgmma accumulators', one warp per 16
+    query rows (warps / 4 warpgroups of 64 rows)."""
+    s_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, block_n, 16])
+    o_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, head_dim, 16])
+    return dict(q_layout=gl.NVMMASharedLayout.get_default_for([block_m, head_dim], dtype),
+                kv_layout=gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype),
+                s_layout=s_layout, o_layout=o_layout,
+                p_layout=gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+
+
+CONFIGS = [(128, 128, 2, 8), (128, 64, 3, 8), (128, 128, 3, 8), (64, 128, 2, 4)]  # BLOCK_M, BLOCK_N, STAGES, warps
+
+
+def gluon_attention(q, k, v, causal: bool, config=CONFIGS[0]):
+    """(out, lse base 2 of shape (batch, heads, seqlen)) for q, k, v (batch, seqlen, heads, head_dim)."""
+    block_m, block_n, stages, warps = config
+    batch, seqlen, nheads, head_dim = q.shape
+    if not (q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16,)):
+        raise ValueError("q, k, v: one shape, bfloat16")
+    if head_dim not in (64, 128) or seqlen % block_m or seqlen % block_n:
+        raise ValueError(f"head dim 64 or 128 and seqlen a multiple of {block_m} and {block_n}; got {q.shape}")
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    from kernels.flash import _ensure_tma_allocator  # in-kernel TMA descriptors take global scratch
+
+    _ensure_tma_allocator()
+    o = torch.empty_like(q)
+    lse = torch.empty(batch, nheads, seqlen, dtype=torch.float32, device=q.device)
+    _attn_fwd[(seqlen // block_m, batch * nheads)](
+        q, k, v, o, lse, batch * seqlen, seqlen, nheads, LOG2E / math.sqrt(head_dim), head_dim, block_m, block_n,
+        stages, causal, **layouts(head_dim, block_m, block_n, warps), num_warps=warps)
+    return o, lse
+
+
+def compile_report():
+    """sm_90 compile on the CPU: registers, spills and shared memory per config, head dim and causality."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = _attn_fwd.arg_names
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            for cfg in CONFIGS:
+                block_m, block_n, stages, warps = cfg
+                consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal,
+                              **layouts(head_dim, block_m, block_n, warps))
+                sig = {a: ("constexpr" if a in consts else "*bf16" if a in "QKVO" else "*fp32" if a == "LSE"
+                           else "fp32" if a == "qk_scale" else "i32") for a in names}
+                attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
+                         if sig[a].startswith("*") or a in ("total_rows", "seqlen")}
+                src = GluonASTSource(fn=_attn_fwd, signature=sig,
+                                     constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+                try:
+                    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+                except Exception as e:  # noqa: BLE001 (report and go on to the next config)
+                    print(f"hd {head_dim} causal {causal} {cfg}: FAILED {type(e).__name__}: {str(e)[:2000]}")
+                    continue
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(compiled.asm["cubin"])
+                    f.flush()
+                    out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+                m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+                print(f"hd {head_dim} causal {causal} (BLOCK_M, BLOCK_N, STAGES, warps) {cfg}: regs {m.group(1)}, "
+                      f"spill stack {m.group(2)} B, smem {compiled.metadata.shared} B")
+
+
+def check():
+    from kernels.flash import flash_attn_func
+    from kernels.standard import standard_attention
+
+    torch.manual_seed(0)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            for seqlen in (128, 512, 1024):
+                q, k, v = (torch.randn(2, seqlen, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                ref = standard_attention(q.double(), k.double(), v.double(), causal=causal)
+                ours = flash_attn_func(q, k, v, causal=causal)
+                base = (ours.double() - ref).abs().max().item()
+                scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) / math.sqrt(head_dim)
+                if causal:
+                    scores.masked_fill_(torch.ones(seqlen, seqlen, dtype=torch.bool, device="cuda").triu(1),
+                                        float("-inf"))
+                lse_ref = torch.logsumexp(scores, dim=-1) / math.log(2)  # base 2, (batch, heads, seqlen)
+                for cfg in CONFIGS:
+                    try:
+                        o, lse = gluon_attention(q, k, v, causal, cfg)
+                        torch.cuda.synchronize()
+                    except Exception as e:  # noqa: BLE001 (a config that does not build or run: say so, go on)
+                        print(f"hd {head_dim} causal {causal} n {seqlen} {cfg}: WRONG, raised {type(e).__name__}: "
+                              f"{str(e)[:300]}", flush=True)
+                        continue
+                    err = (o.double() - ref).abs().max().item()
+                    lse_err = (lse.double() - lse_ref).abs().max().item()
+                    ok = err <= 2 * base + 1e-3 and lse_err < 1e-3
+                    print(f"hd {head_dim} causal {causal} n {seqlen} {cfg}: max err {err:.2e} (ours {base:.2e}), "
+                          f"lse {lse_err:.1e} {'ok' if ok else 'WRONG'}", flush=True)
+
+
+def bench():
+    from triton.testing import do_bench
+
+    from kernels.flash import flash_attn_func
+
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
+    for head_dim in (64, 128):
+        for seqlen in (1024, 4096, 16384):
+            for causal in (False, True):
+                batch, nheads = 16384 // seqlen, 2048 // head_dim
+                q, k, v = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
+                           for _ in range(3))
+                flops = 4 * batch * nheads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                    cudnn = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                                            is_causal=causal))
+                ours = do_bench(lambda: flash_attn_func(q, k, v, causal=causal))
+                cells = []
+                for cfg in CONFIGS:
+                    if seqlen % cfg[0] or seqlen % cfg[1]:
+                        continue
+                    ms = do_bench(lambda: gluon_attention(q, k, v, causal, cfg))
+                    cells.append(f"{cfg} {ms:.3f} ms ({flops / ms * 1e-9:.0f} TF/s, x{ours / ms:.2f} ours, "
+                                 f"x{cudnn / ms:.2f} cuDNN)")
+                print(f"hd {head_dim} n {seqlen} causal {causal}: ours {ours:.3f} ms ({flops / ours * 1e-9:.0f}), "
+                      f"cuDNN {cudnn:.3f} ms ({flops / cudnn * 1e-9:.0f}) | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    {"compile": compile_report, "check": check, "bench": bench}[sys.argv[1] if len(sys.argv) > 1 else "bench"]()
