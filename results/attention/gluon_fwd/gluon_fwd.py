@@ -24,8 +24,8 @@ multiple of the tiles, causal or not, no dropout. Not wired into kernels/: a dev
 route is worth the features.
 
     python results/attention/gluon_fwd/gluon_fwd.py compile    # CPU: compiles for sm_90, registers / spills / smem
-    python results/attention/gluon_fwd/gluon_fwd.py check      # GPU: against float64 attention and ours
-    python results/attention/gluon_fwd/gluon_fwd.py bench      # GPU: forward ms against ours and cuDNN (SDPA)
+    python results/attention/gluon_fwd/gluon_fwd.py check [plain|ws]   # GPU: against float64 attention and ours
+    python results/attention/gluon_fwd/gluon_fwd.py bench [plain ws]   # GPU: forward ms against ours and cuDNN
 """
 import math
 import sys
@@ -175,10 +175,198 @@ def _attn_fwd(Q, K, V, O, LSE, total_rows, seqlen, nheads, qk_scale,
     gl.store(LSE + bh.to(gl.int64) * seqlen + rows, m_i + gl.log2(l_i))
     tma.store_wait(0)
 
+# ---- Variant WS: FlashAttention-3's partitions. A loader warp owns the TMA copies; two consumer warpgroups take 64
+# query rows each and take turns issuing their wgmma (ping-pong, two mbarriers), so that one's softmax runs while
+# the other's matmuls do. K/V slots are freed by both consumers (count 2) before the loader refills them.
+
+
+@gluon.constexpr_function
+def _wgmma_acc_layout(warps, n):
+    """A wgmma accumulator's layout, one warp per 16 rows (partitions build theirs: layouts do not pass through
+    warp_specialize's arguments)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def _wgmma_lhs_layout(warps, n):
+    """The register operand (bf16 P) of a wgmma whose accumulator has _wgmma_acc_layout(warps, n)."""
+    return gl.DotOperandLayout(operand_index=0, parent=_wgmma_acc_layout(warps, n), k_width=2)
+
+
+@gluon.jit
+def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, row0, kv_row0, col,
+               n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    # each partition derives its constexprs from the kernel's parameters
+    SUB_M: gl.constexpr = BLOCK_M // 2
+    KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
+    Q_BYTES: gl.constexpr = SUB_M * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bars.index(w), Q_BYTES)
+        tma.async_copy_global_to_shared(q_desc, [row0 + w * SUB_M, col], q_bars.index(w), q_smem.index(w))
+    for j in range(n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
+        mbarrier.expect(k_ready.index(slot), KV_BYTES)
+        tma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, col], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.expect(v_ready.index(slot), KV_BYTES)
+        tma.async_copy_global_to_shared(v_desc, [kv_row0 + j * BLOCK_N, col], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _ws_consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns,
+                 row0, col, lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    SUB_M: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = _wgmma_acc_layout(4, BLOCK_N)
+    o_layout: gl.constexpr = _wgmma_acc_layout(4, HEAD_DIM)
+    p_layout: gl.constexpr = _wgmma_lhs_layout(4, HEAD_DIM)
+    my_q = q_smem.index(W)
+    my_turn = turns.index(W)
+    other_turn = turns.index(1 - W)
+    rows = start_m + W * SUB_M + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
+    m_i = gl.full([SUB_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([SUB_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([SUB_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bars.index(W), 0)
+
+    # round 0: S(0) alone
+    mbarrier.wait(k_ready.index(0), 0)
+    mbarrier.wait(my_turn, 0)
+    s_tok = warpgroup_mma(my_q, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    mbarrier.arrive(other_turn)
+    s = warpgroup_mma_wait(0, (s_tok,))
+    if IS_CAUSAL:
+        if n_full < 1:
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, True, s_layout)
+        else:
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, False, s_layout)
+    else:
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, False, s_layout)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
+    for j in range(1, n_tiles):
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        mbarrier.wait(my_turn, j & 1)
+        s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        mbarrier.arrive(other_turn)
+        s = warpgroup_mma_wait(1, (s_tok,))
+        if IS_CAUSAL:
+            if j >= n_full:
+                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, True, s_layout)
+            else:
+                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, False, s_layout)
+        else:
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, False, s_layout)
+        acc = warpgroup_mma_wait(0, (acc_tok,))
+        mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    # round n: P(n-1) V(n-1)
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    mbarrier.wait(my_turn, n_tiles & 1)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    mbarrier.arrive(other_turn)
+    acc = warpgroup_mma_wait(0, (acc_tok,))
+    mbarrier.arrive(kv_empty.index(last))
+
+    acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    my_q.store(acc.to(dtype))  # this warpgroup's Q tile is no longer read: it takes O on the way out
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [row0 + W * SUB_M, col], my_q)
+    gl.store(LSE + lse_row0 + rows, m_i + gl.log2(l_i))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _ws_consumer0(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
+                  lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    _ws_consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
+                 lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)
+
+
+@gluon.jit
+def _ws_consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
+                  lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    _ws_consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
+                 lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)
+
+
+@gluon.jit
+def _attn_fwd_ws(Q, K, V, O, LSE, total_rows, seqlen, nheads, qk_scale,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    SUB_M: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = Q.dtype.element_ty
+    KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    Q_BYTES: gl.constexpr = SUB_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    pid_m = gl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    width = nheads * HEAD_DIM
+    col = h * HEAD_DIM
+    kv_row0 = b * seqlen
+    start_m = pid_m * BLOCK_M
+    q_desc = tma.make_tensor_descriptor(Q, [total_rows, width], [width, 1], [SUB_M, HEAD_DIM], q_layout)
+    k_desc = tma.make_tensor_descriptor(K, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    v_desc = tma.make_tensor_descriptor(V, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    o_desc = tma.make_tensor_descriptor(O, [total_rows, width], [width, 1], [SUB_M, HEAD_DIM], q_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(turns.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)
+    mbarrier.arrive(turns.index(0))  # consumer 0 issues first
+    fence_async_shared()
+
+    if IS_CAUSAL:
+        n_tiles = gl.cdiv(start_m + BLOCK_M, BLOCK_N)
+        n_full = (start_m + 1) // BLOCK_N
+    else:
+        n_tiles = seqlen // BLOCK_N
+        n_full = n_tiles
+    row0 = kv_row0 + start_m
+    lse_row0 = bh.to(gl.int64) * seqlen
+    # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
+    # tensors on the way into the partitions
+    gl.warp_specialize([
+        (_ws_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
+                         lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)),
+        (_ws_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
+                         lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)),
+        (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, row0,
+                      kv_row0, col, n_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES))],
+        [4, 1], [CONSUMER_REGS, 24])
+
 
 def layouts(head_dim: int, block_m: int, block_n: int, warps: int, dtype=gl.bfloat16) -> dict:
-    """The kernel's layout constexprs: shared (TMA + wgmma operands) and the wgmma accumulators', one warp per 16
-    query rows (warps / 4 warpgroups of 64 rows)."""
+    """The kernel's layout constexprs for a (block_m, head_dim) query tile computed by `warps` warps (one per 16
+    rows: warps / 4 warpgroups of 64 rows): shared (TMA + wgmma operands) and the wgmma accumulators'."""
     s_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, block_n, 16])
     o_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, head_dim, 16])
     return dict(q_layout=gl.NVMMASharedLayout.get_default_for([block_m, head_dim], dtype),
@@ -187,12 +375,24 @@ def layouts(head_dim: int, block_m: int, block_n: int, warps: int, dtype=gl.bflo
                 p_layout=gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
 
 
-CONFIGS = [(128, 128, 2, 8), (128, 64, 3, 8), (128, 128, 3, 8), (64, 128, 2, 4)]  # BLOCK_M, BLOCK_N, STAGES, warps
+# name -> (kernel, configs (BLOCK_M, BLOCK_N, STAGES, warps of the launch), constexprs beyond the tiles). "ws":
+# the launch's 4 warps are consumer 0; consumer 1 (4 warps) and the loader (1 warp) are partitions beside it.
+VARIANTS = {
+    "plain": (_attn_fwd, [(128, 128, 2, 8), (128, 64, 3, 8), (128, 128, 3, 8), (64, 128, 2, 4)],
+              lambda d, m, n, w: layouts(d, m, n, w)),
+    "ws": (_attn_fwd_ws, [(128, 128, 2, 4), (128, 128, 3, 4), (128, 64, 3, 4)],
+           lambda d, m, n, w: dict(q_layout=gl.NVMMASharedLayout.get_default_for([m // 2, d], gl.bfloat16),
+                                   kv_layout=gl.NVMMASharedLayout.get_default_for([n, d], gl.bfloat16),
+                                   CONSUMER_REGS=240)),
+}
+CONFIGS = [(variant, cfg) for variant, (_, cfgs, _) in VARIANTS.items() for cfg in cfgs]
 
 
 def gluon_attention(q, k, v, causal: bool, config=CONFIGS[0]):
-    """(out, lse base 2 of shape (batch, heads, seqlen)) for q, k, v (batch, seqlen, heads, head_dim)."""
-    block_m, block_n, stages, warps = config
+    """(out, lse base 2 of shape (batch, heads, seqlen)) for q, k, v (batch, seqlen, heads, head_dim);
+    config: (variant, (BLOCK_M, BLOCK_N, STAGES, warps))."""
+    variant, (block_m, block_n, stages, warps) = config
+    kernel, _, extra = VARIANTS[variant]
     batch, seqlen, nheads, head_dim = q.shape
     if not (q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16,)):
         raise ValueError("q, k, v: one shape, bfloat16")
@@ -204,9 +404,9 @@ def gluon_attention(q, k, v, causal: bool, config=CONFIGS[0]):
     _ensure_tma_allocator()
     o = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen, dtype=torch.float32, device=q.device)
-    _attn_fwd[(seqlen // block_m, batch * nheads)](
+    kernel[(seqlen // block_m, batch * nheads)](
         q, k, v, o, lse, batch * seqlen, seqlen, nheads, LOG2E / math.sqrt(head_dim), head_dim, block_m, block_n,
-        stages, causal, **layouts(head_dim, block_m, block_n, warps), num_warps=warps)
+        stages, causal, **extra(head_dim, block_m, block_n, warps), num_warps=warps)
     return o, lse
 
 
@@ -220,35 +420,36 @@ def compile_report():
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    names = _attn_fwd.arg_names
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for head_dim in (64, 128):
         for causal in (False, True):
-            for cfg in CONFIGS:
+            for variant, cfg in CONFIGS:
+                kernel, _, extra = VARIANTS[variant]
+                names = kernel.arg_names
                 block_m, block_n, stages, warps = cfg
                 consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal,
-                              **layouts(head_dim, block_m, block_n, warps))
+                              **extra(head_dim, block_m, block_n, warps))
                 sig = {a: ("constexpr" if a in consts else "*bf16" if a in "QKVO" else "*fp32" if a == "LSE"
                            else "fp32" if a == "qk_scale" else "i32") for a in names}
                 attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
                          if sig[a].startswith("*") or a in ("total_rows", "seqlen")}
-                src = GluonASTSource(fn=_attn_fwd, signature=sig,
+                src = GluonASTSource(fn=kernel, signature=sig,
                                      constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
                 try:
                     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
                 except Exception as e:  # noqa: BLE001 (report and go on to the next config)
-                    print(f"hd {head_dim} causal {causal} {cfg}: FAILED {type(e).__name__}: {str(e)[:2000]}")
+                    print(f"hd {head_dim} causal {causal} {variant} {cfg}: FAILED {type(e).__name__}: {str(e)[:3000]}")
                     continue
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(compiled.asm["cubin"])
                     f.flush()
                     out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
                 m = re.search(r"REG:(\d+) STACK:(\d+)", out)
-                print(f"hd {head_dim} causal {causal} (BLOCK_M, BLOCK_N, STAGES, warps) {cfg}: regs {m.group(1)}, "
+                print(f"hd {head_dim} causal {causal} {variant} (BLOCK_M, BLOCK_N, STAGES, warps) {cfg}: regs {m.group(1)}, "
                       f"spill stack {m.group(2)} B, smem {compiled.metadata.shared} B")
 
 
-def check():
+def check(variants=tuple(VARIANTS)):
     from kernels.flash import flash_attn_func
     from kernels.standard import standard_attention
 
@@ -266,6 +467,8 @@ def check():
                                         float("-inf"))
                 lse_ref = torch.logsumexp(scores, dim=-1) / math.log(2)  # base 2, (batch, heads, seqlen)
                 for cfg in CONFIGS:
+                    if cfg[0] not in variants:
+                        continue
                     try:
                         o, lse = gluon_attention(q, k, v, causal, cfg)
                         torch.cuda.synchronize()
@@ -280,7 +483,7 @@ def check():
                           f"lse {lse_err:.1e} {'ok' if ok else 'WRONG'}", flush=True)
 
 
-def bench():
+def bench(variants=tuple(VARIANTS)):
     from triton.testing import do_bench
 
     from kernels.flash import flash_attn_func
@@ -300,7 +503,7 @@ def bench():
                 ours = do_bench(lambda: flash_attn_func(q, k, v, causal=causal))
                 cells = []
                 for cfg in CONFIGS:
-                    if seqlen % cfg[0] or seqlen % cfg[1]:
+                    if cfg[0] not in variants or seqlen % cfg[1][0] or seqlen % cfg[1][1]:
                         continue
                     ms = do_bench(lambda: gluon_attention(q, k, v, causal, cfg))
                     cells.append(f"{cfg} {ms:.3f} ms ({flops / ms * 1e-9:.0f} TF/s, x{ours / ms:.2f} ours, "
@@ -310,4 +513,8 @@ def bench():
 
 
 if __name__ == "__main__":
-    {"compile": compile_report, "check": check, "bench": bench}[sys.argv[1] if len(sys.argv) > 1 else "bench"]()
+    mode = sys.argv[1] if len(sys.argv) > 1 else "bench"
+    if mode == "compile":
+        compile_report()
+    else:  # check / bench [variant ...]
+        {"check": check, "bench": bench}[mode](*([tuple(sys.argv[2:])] if len(sys.argv) > 2 else []))
