@@ -1,0 +1,293 @@
+"""Prototype (session 23, compiled, not yet run on a GPU): the backward in Gluon, in one kernel with five matmuls per
+tile pair, as FlashAttention-2/3 and cuDNN do it. Our shipped backward runs two kernels (dK/dV, then dQ) and seven
+matmuls per pair; it is 0.65-0.80x cuDNN's at head dim 128 (results/attention/h100.md), the larger part of the gap.
+
+One program per key tile (BLOCK_N = 128 keys, two warpgroups of 64 keys each; 8 warps), looping over query tiles
+of BLOCK_M = 64 whose Q and dO arrive by TMA into a STAGES-deep ring. Per query tile i, with scores kept
+transposed (keys down, queries across) so that P^T and dS^T are already the register operands dV and dK need:
+
+    S^T = K Q_i^T, dP^T = V dO_i^T                      (two async wgmma, issued together)
+    P^T = exp2(S^T * scale * log2 e - LSE_i)            (LSE base 2, as kernels/flash.py's forward writes it)
+    dV += P^T dO_i                                      (async; P^T from registers)
+    dS^T = P^T * (dP^T - delta_i)                       (delta = rowsum(dO * O), kernels.flash.bwd_preprocess)
+    dK += dS^T Q_i                                      (async; dS^T from registers)
+    dQ_i += dS K                                        (dS^T through shared memory, read transposed; then added
+                                                         to a float32 dQ buffer with atomics)
+
+then dK (times the softmax scale) and dV out by TMA, and dQ = scale * buffer in one elementwise pass.
+
+Scope: dense self-attention, (batch, seqlen, heads, head_dim) contiguous bf16, head dim 64 or 128, seqlen a multiple
+of 128, causal or not, no dropout. dQ's summation order varies from run to run (atomics).
+
+    python results/attention/gluon_bwd/gluon_bwd.py compile    # CPU: compiles for sm_90, registers / spills / smem
+    python results/attention/gluon_bwd/gluon_bwd.py check      # GPU: gradients against float64 attention and ours
+    python results/attention/gluon_bwd/gluon_bwd.py bench      # GPU: backward ms against ours and cuDNN (SDPA)
+"""
+import math
+import sys
+
+sys.path.insert(0, ".")
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _load_qdo(q_desc, do_desc, q_smem, do_smem, bars, tile, slot, row0, col, n_end,
+              BLOCK_M: gl.constexpr, TILE_BYTES: gl.constexpr):
+    pred = tile < n_end
+    mbarrier.expect(bars.index(slot), 2 * TILE_BYTES, pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [row0 + tile * BLOCK_M, col], bars.index(slot), q_smem.index(slot),
+                                    pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [row0 + tile * BLOCK_M, col], bars.index(slot), do_smem.index(slot),
+                                    pred=pred)
+
+
+@gluon.jit
+def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, qk_scale, sm_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr, ds_layout: gl.constexpr,
+              st_layout: gl.constexpr, kv_acc_layout: gl.constexpr, op_layout: gl.constexpr,
+              dq_layout: gl.constexpr):
+    dtype: gl.constexpr = Q.dtype.element_ty
+    TILE_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    width = nheads * HEAD_DIM
+    col = h * HEAD_DIM
+    row0 = b * seqlen
+    start_n = pid_n * BLOCK_N
+    q_desc = tma.make_tensor_descriptor(Q, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], q_layout)
+    do_desc = tma.make_tensor_descriptor(DO, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], q_layout)
+    k_desc = tma.make_tensor_descriptor(K, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    v_desc = tma.make_tensor_descriptor(V, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    dk_desc = tma.make_tensor_descriptor(DK, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    dv_desc = tma.make_tensor_descriptor(DV, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    # query tiles that see any of these keys: with the causal mask, from the one holding query start_n on
+    lo = start_n // BLOCK_M if IS_CAUSAL else 0
+    n_end = seqlen // BLOCK_M
+    mbarrier.expect(kv_bar, 2 * KV_BYTES)
+    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_bar, v_smem)
+    for s in gl.static_range(STAGES):
+        _load_qdo(q_desc, do_desc, q_smem, do_smem, bars, lo + s, s, row0, col, n_end, BLOCK_M, TILE_BYTES)
+
+    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    stat_base = bh.to(gl.int64) * seqlen
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+    st_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    mbarrier.wait(kv_bar, 0)
+
+    for i in range(lo, n_end):
+        t = i - lo
+        slot = t % STAGES
+        mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
+        q_s = q_smem.index(slot)
+        do_s = do_smem.index(slot)
+        st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+        queries = i * BLOCK_M + qcols
+        lse = gl.load(LSE + stat_base + queries)
+        delta = gl.load(DELTA + stat_base + queries)
+        st = warpgroup_mma_wait(1, (st_tok,))
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+        if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
+            if i * BLOCK_M < start_n + BLOCK_N:
+                pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+        dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
+        dst = (pt * (dpt - delta[None, :])).to(dtype)
+        dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+        ds_smem.store(dst)
+        fence_async_shared()
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
+        _load_qdo(q_desc, do_desc, q_smem, do_smem, bars, i + STAGES, slot, row0, col, n_end, BLOCK_M, TILE_BYTES)
+        dq_ptrs = (DQA + ((row0 + i * BLOCK_M + dq_rows[:, None]).to(gl.int64) * width + col) + dq_cols[None, :])
+        gl.atomic_add(dq_ptrs, dq, sem="relaxed")
+
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+    k_smem.store((dk * sm_scale).to(dtype))  # K and V are no longer read: their tiles take dK and dV out
+    v_smem.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_smem)
+    tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_smem)
+    tma.store_wait(0)
+
+
+BLOCK_M, BLOCK_N, WARPS = 64, 128, 8
+CONFIGS = [2, 3]  # STAGES of the Q / dO ring
+
+
+def layouts(head_dim: int, dtype=gl.bfloat16) -> dict:
+    """Shared layouts (TMA tiles; dS^T, read transposed by the dQ wgmma) and the wgmma accumulators': S^T / dP^T
+    (BLOCK_N x BLOCK_M) and dK / dV (BLOCK_N x head_dim) one warp per 16 keys; dQ (BLOCK_M x head_dim) with the
+    two warpgroups side by side along head_dim."""
+    kv_acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, head_dim, 16])
+    return dict(
+        q_layout=gl.NVMMASharedLayout.get_default_for([BLOCK_M, head_dim], dtype),
+        kv_layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, head_dim], dtype),
+        ds_layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype),
+        st_layout=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_M, 16]),
+        kv_acc_layout=kv_acc,
+        op_layout=gl.DotOperandLayout(operand_index=0, parent=kv_acc, k_width=2),
+        dq_layout=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
+                                            instr_shape=[16, head_dim // (WARPS // 4), 16]))
+
+
+def gluon_backward(do, q, k, v, o, lse2, causal: bool, stages: int = CONFIGS[0]):
+    """(dq, dk, dv) for q, k, v (batch, seqlen, heads, head_dim) bf16; lse2: the forward's base-2 log-sum-exp,
+    (batch, heads, seqlen) contiguous."""
+    import kernels.flash as F
+
+    batch, seqlen, nheads, head_dim = q.shape
+    if head_dim not in (64, 128) or seqlen % BLOCK_N or q.dtype != torch.bfloat16:
+        raise ValueError(f"bf16, head dim 64 or 128, seqlen a multiple of {BLOCK_N}; got {q.shape} {q.dtype}")
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    F._ensure_tma_allocator()  # in-kernel TMA descriptors take global scratch
+    delta = F.bwd_preprocess(o, do)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dqa = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(head_dim)
+    _attn_bwd[(seqlen // BLOCK_N, batch * nheads)](
+        q, k, v, do, dk, dv, dqa, lse2.contiguous(), delta, batch * seqlen, seqlen, nheads, scale * LOG2E, scale,
+        head_dim, BLOCK_M, BLOCK_N, stages, causal, **layouts(head_dim), num_warps=WARPS)
+    return (dqa * scale).to(q.dtype), dk, dv
+
+
+def compile_report():
+    """sm_90 compile on the CPU: registers, spills and shared memory per stage count, head dim and causality."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = _attn_bwd.arg_names
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    floats = ("qk_scale", "sm_scale")
+    fp32_ptrs = ("DQA", "LSE", "DELTA")
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            for stages in CONFIGS:
+                consts = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, IS_CAUSAL=causal,
+                              **layouts(head_dim))
+                sig = {a: ("constexpr" if a in consts else "*fp32" if a in fp32_ptrs else "fp32" if a in floats
+                           else "*bf16" if a in ("Q", "K", "V", "DO", "DK", "DV") else "i32") for a in names}
+                attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
+                         if sig[a].startswith("*") or a in ("total_rows", "seqlen")}
+                src = GluonASTSource(fn=_attn_bwd, signature=sig,
+                                     constexprs={(names.index(k_),): v_ for k_, v_ in consts.items()}, attrs=attrs)
+                try:
+                    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
+                except Exception as e:  # noqa: BLE001 (report and go on)
+                    print(f"hd {head_dim} causal {causal} stages {stages}: FAILED {type(e).__name__}: {str(e)[:3000]}")
+                    continue
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(compiled.asm["cubin"])
+                    f.flush()
+                    out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+                m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+                print(f"hd {head_dim} causal {causal} (BLOCK_M {BLOCK_M}, BLOCK_N {BLOCK_N}, {WARPS} warps, stages "
+                      f"{stages}): regs {m.group(1)}, spill stack {m.group(2)} B, smem {compiled.metadata.shared} B")
+
+
+def _inputs(batch, seqlen, nheads, head_dim, causal):
+    import kernels.flash as F
+
+    q, k, v, do = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    scale = 1.0 / math.sqrt(head_dim)
+    o, lse2, seed = F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, seqlen, seqlen)
+    return q, k, v, do, o, lse2, seed, scale
+
+
+def check():
+    import kernels.flash as F
+    from kernels.standard import standard_attention
+
+    torch.manual_seed(0)
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            for seqlen in (128, 512, 1024):
+                q, k, v, do, o, lse2, seed, scale = _inputs(2, seqlen, 4, head_dim, causal)
+                ref_in = [x.double().requires_grad_() for x in (q, k, v)]
+                ref = torch.autograd.grad(standard_attention(*ref_in, causal=causal), ref_in, do.double())
+                ours = F._flash_bwd(do, q, k, v, o, lse2, seed, scale, causal, 0.0, False, None, None, seqlen, seqlen)
+                for stages in CONFIGS:
+                    try:
+                        got = gluon_backward(do, q, k, v, o, lse2, causal, stages)
+                        torch.cuda.synchronize()
+                    except Exception as e:  # noqa: BLE001 (say so, go on)
+                        print(f"hd {head_dim} causal {causal} n {seqlen} stages {stages}: WRONG, raised "
+                              f"{type(e).__name__}: {str(e)[:300]}", flush=True)
+                        continue
+                    cells, ok = [], True
+                    for name, g, base, r in zip(("dq", "dk", "dv"), got, ours, ref):
+                        err = (g.double() - r).abs().max().item()
+                        base_err = (base.double() - r).abs().max().item()
+                        ok &= err <= 2 * base_err + 1e-3
+                        cells.append(f"{name} {err:.1e} (ours {base_err:.1e})")
+                    print(f"hd {head_dim} causal {causal} n {seqlen} stages {stages}: {', '.join(cells)} "
+                          f"{'ok' if ok else 'WRONG'}", flush=True)
+
+
+def bench():
+    from triton.testing import do_bench
+
+    import kernels.flash as F
+
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
+    for head_dim in (64, 128):
+        for seqlen in (1024, 4096, 16384):
+            for causal in (False, True):
+                batch, nheads = 16384 // seqlen, 2048 // head_dim
+                q, k, v, do, o, lse2, seed, scale = _inputs(batch, seqlen, nheads, head_dim, causal)
+                flops = 2.5 * 4 * batch * nheads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                    out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    dot = do.transpose(1, 2)
+                    cudnn = do_bench(lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True))
+                ours = do_bench(lambda: F._flash_bwd(do, q, k, v, o, lse2, seed, scale, causal, 0.0, False, None, None,
+                                                     seqlen, seqlen))
+                cells = []
+                for stages in CONFIGS:
+                    ms = do_bench(lambda: gluon_backward(do, q, k, v, o, lse2, causal, stages))
+                    cells.append(f"stages {stages} {ms:.3f} ms ({flops / ms * 1e-9:.0f} TF/s, x{ours / ms:.2f} ours, "
+                                 f"x{cudnn / ms:.2f} cuDNN)")
+                print(f"hd {head_dim} n {seqlen} causal {causal}: ours {ours:.3f} ms ({flops / ours * 1e-9:.0f}), "
+                      f"cuDNN {cudnn:.3f} ms ({flops / cudnn * 1e-9:.0f}) | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    {"compile": compile_report, "check": check, "bench": bench}[sys.argv[1] if len(sys.argv) > 1 else "bench"]()
