@@ -53,7 +53,8 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr, ds_layout: gl.constexpr,
               st_layout: gl.constexpr, kv_acc_layout: gl.constexpr, op_layout: gl.constexpr,
-              dq_layout: gl.constexpr):
+              dq_layout: gl.constexpr, DQ_T: gl.constexpr):
+    # DQ_T: query tiles narrower than a wgmma's 64 rows compute dQ^T = K^T dS^T (head_dim rows) instead of dS K
     dtype: gl.constexpr = Q.dtype.element_ty
     TILE_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -95,13 +96,20 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
 
     keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    if DQ_T:  # dQ^T tile: head_dim down, queries across
+        dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, dq_layout))
+        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, dq_layout))
+    else:
+        dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
     stat_base = bh.to(gl.int64) * seqlen
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
     st_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
-    dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    if DQ_T:
+        dq_init = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, layout=dq_layout)
+    else:
+        dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     mbarrier.wait(kv_bar, 0)
 
     for i in range(lo, n_end):
@@ -126,10 +134,16 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
         dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
         ds_smem.store(dst)
         fence_async_shared()
-        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
+        if DQ_T:
+            dq_tok = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, dq_init, use_acc=False, is_async=True)
+        else:
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
         dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
         _load_qdo(q_desc, do_desc, q_smem, do_smem, bars, i + STAGES, slot, row0, col, n_end, BLOCK_M, TILE_BYTES)
-        dq_ptrs = (DQA + ((row0 + i * BLOCK_M + dq_rows[:, None]).to(gl.int64) * width + col) + dq_cols[None, :])
+        if DQ_T:
+            dq_ptrs = (DQA + ((row0 + i * BLOCK_M + dq_rows[None, :]).to(gl.int64) * width + col) + dq_cols[:, None])
+        else:
+            dq_ptrs = (DQA + ((row0 + i * BLOCK_M + dq_rows[:, None]).to(gl.int64) * width + col) + dq_cols[None, :])
         gl.atomic_add(dq_ptrs, dq, sem="relaxed")
 
     mbarrier.invalidate(kv_bar)
@@ -143,31 +157,36 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
     tma.store_wait(0)
 
 
-BLOCK_M, BLOCK_N, WARPS = 64, 128, 8
-CONFIGS = [2, 3]  # STAGES of the Q / dO ring
+BLOCK_N, WARPS = 128, 8
+CONFIGS = [(64, 2), (64, 3), (32, 3)]  # (BLOCK_M queries per step, STAGES of the Q / dO ring)
 
 
-def layouts(head_dim: int, dtype=gl.bfloat16) -> dict:
+def layouts(head_dim: int, block_m: int, dtype=gl.bfloat16) -> dict:
     """Shared layouts (TMA tiles; dS^T, read transposed by the dQ wgmma) and the wgmma accumulators': S^T / dP^T
-    (BLOCK_N x BLOCK_M) and dK / dV (BLOCK_N x head_dim) one warp per 16 keys; dQ (BLOCK_M x head_dim) with the
-    two warpgroups side by side along head_dim."""
+    (BLOCK_N x block_m) and dK / dV (BLOCK_N x head_dim) one warp per 16 keys; dQ (block_m x head_dim) with the two
+    warpgroups side by side along head_dim, or for block_m < 64 dQ^T (head_dim x block_m), one warp per 16 rows."""
     kv_acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, head_dim, 16])
+    dq_t = block_m < 64
     return dict(
-        q_layout=gl.NVMMASharedLayout.get_default_for([BLOCK_M, head_dim], dtype),
+        q_layout=gl.NVMMASharedLayout.get_default_for([block_m, head_dim], dtype),
         kv_layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, head_dim], dtype),
-        ds_layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype),
-        st_layout=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_M, 16]),
+        ds_layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, block_m], dtype),
+        st_layout=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, block_m, 16]),
         kv_acc_layout=kv_acc,
         op_layout=gl.DotOperandLayout(operand_index=0, parent=kv_acc, k_width=2),
-        dq_layout=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
-                                            instr_shape=[16, head_dim // (WARPS // 4), 16]))
+        dq_layout=(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, block_m, 16])
+                   if dq_t else
+                   gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
+                                             instr_shape=[16, head_dim // (WARPS // 4), 16])),
+        DQ_T=dq_t)
 
 
-def gluon_backward(do, q, k, v, o, lse2, causal: bool, stages: int = CONFIGS[0]):
+def gluon_backward(do, q, k, v, o, lse2, causal: bool, config=CONFIGS[0]):
     """(dq, dk, dv) for q, k, v (batch, seqlen, heads, head_dim) bf16; lse2: the forward's base-2 log-sum-exp,
     (batch, heads, seqlen) contiguous."""
     import kernels.flash as F
 
+    block_m, stages = config
     batch, seqlen, nheads, head_dim = q.shape
     if head_dim not in (64, 128) or seqlen % BLOCK_N or q.dtype != torch.bfloat16:
         raise ValueError(f"bf16, head dim 64 or 128, seqlen a multiple of {BLOCK_N}; got {q.shape} {q.dtype}")
@@ -179,7 +198,7 @@ def gluon_backward(do, q, k, v, o, lse2, causal: bool, stages: int = CONFIGS[0])
     scale = 1.0 / math.sqrt(head_dim)
     _attn_bwd[(seqlen // BLOCK_N, batch * nheads)](
         q, k, v, do, dk, dv, dqa, lse2.contiguous(), delta, batch * seqlen, seqlen, nheads, scale * LOG2E, scale,
-        head_dim, BLOCK_M, BLOCK_N, stages, causal, **layouts(head_dim), num_warps=WARPS)
+        head_dim, block_m, BLOCK_N, stages, causal, **layouts(head_dim, block_m), num_warps=WARPS)
     return (dqa * scale).to(q.dtype), dk, dv
 
 
@@ -199,9 +218,9 @@ def compile_report():
     fp32_ptrs = ("DQA", "LSE", "DELTA")
     for head_dim in (64, 128):
         for causal in (False, True):
-            for stages in CONFIGS:
-                consts = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, IS_CAUSAL=causal,
-                              **layouts(head_dim))
+            for block_m, stages in CONFIGS:
+                consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, IS_CAUSAL=causal,
+                              **layouts(head_dim, block_m))
                 sig = {a: ("constexpr" if a in consts else "*fp32" if a in fp32_ptrs else "fp32" if a in floats
                            else "*bf16" if a in ("Q", "K", "V", "DO", "DK", "DV") else "i32") for a in names}
                 attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
@@ -211,14 +230,15 @@ def compile_report():
                 try:
                     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
                 except Exception as e:  # noqa: BLE001 (report and go on)
-                    print(f"hd {head_dim} causal {causal} stages {stages}: FAILED {type(e).__name__}: {str(e)[:3000]}")
+                    print(f"hd {head_dim} causal {causal} (BLOCK_M, STAGES) {(block_m, stages)}: FAILED "
+                          f"{type(e).__name__}: {str(e)[:3000]}")
                     continue
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(compiled.asm["cubin"])
                     f.flush()
                     out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
                 m = re.search(r"REG:(\d+) STACK:(\d+)", out)
-                print(f"hd {head_dim} causal {causal} (BLOCK_M {BLOCK_M}, BLOCK_N {BLOCK_N}, {WARPS} warps, stages "
+                print(f"hd {head_dim} causal {causal} (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} warps, stages "
                       f"{stages}): regs {m.group(1)}, spill stack {m.group(2)} B, smem {compiled.metadata.shared} B")
 
 
@@ -243,12 +263,12 @@ def check():
                 ref_in = [x.double().requires_grad_() for x in (q, k, v)]
                 ref = torch.autograd.grad(standard_attention(*ref_in, causal=causal), ref_in, do.double())
                 ours = F._flash_bwd(do, q, k, v, o, lse2, seed, scale, causal, 0.0, False, None, None, seqlen, seqlen)
-                for stages in CONFIGS:
+                for cfg in CONFIGS:
                     try:
-                        got = gluon_backward(do, q, k, v, o, lse2, causal, stages)
+                        got = gluon_backward(do, q, k, v, o, lse2, causal, cfg)
                         torch.cuda.synchronize()
                     except Exception as e:  # noqa: BLE001 (say so, go on)
-                        print(f"hd {head_dim} causal {causal} n {seqlen} stages {stages}: WRONG, raised "
+                        print(f"hd {head_dim} causal {causal} n {seqlen} (BLOCK_M, STAGES) {cfg}: WRONG, raised "
                               f"{type(e).__name__}: {str(e)[:300]}", flush=True)
                         continue
                     cells, ok = [], True
@@ -257,7 +277,7 @@ def check():
                         base_err = (base.double() - r).abs().max().item()
                         ok &= err <= 2 * base_err + 1e-3
                         cells.append(f"{name} {err:.1e} (ours {base_err:.1e})")
-                    print(f"hd {head_dim} causal {causal} n {seqlen} stages {stages}: {', '.join(cells)} "
+                    print(f"hd {head_dim} causal {causal} n {seqlen} (BLOCK_M, STAGES) {cfg}: {', '.join(cells)} "
                           f"{'ok' if ok else 'WRONG'}", flush=True)
 
 
@@ -281,9 +301,9 @@ def bench():
         ours = do_bench(lambda: F._flash_bwd(do, q, k, v, o, lse2, seed, scale, causal, 0.0, False, None, None,
                                              seqlen, seqlen))
         cells = []
-        for stages in CONFIGS:
-            ms = do_bench(lambda: gluon_backward(do, q, k, v, o, lse2, causal, stages))
-            cells.append(f"stages {stages} {ms:.3f} ms ({flops / ms * 1e-9:.0f} TF/s, x{ours / ms:.2f} ours, "
+        for cfg in CONFIGS:
+            ms = do_bench(lambda: gluon_backward(do, q, k, v, o, lse2, causal, cfg))
+            cells.append(f"{cfg} {ms:.3f} ms ({flops / ms * 1e-9:.0f} TF/s, x{ours / ms:.2f} ours, "
                          f"x{cudnn / ms:.2f} cuDNN)")
         print(f"hd {head_dim} n {seqlen} causal {causal}: ours {ours:.3f} ms ({flops / ours * 1e-9:.0f}), "
               f"cuDNN {cudnn:.3f} ms ({flops / cudnn * 1e-9:.0f}) | " + " | ".join(cells), flush=True)
