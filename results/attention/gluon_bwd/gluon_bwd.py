@@ -30,11 +30,24 @@ sys.path.insert(0, ".")
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
+from triton._C.libtriton import ir  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language import _core  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 LOG2E = 1.4426950408889634
+
+
+@_core.builtin
+def tma_reduce_add(desc, coord, value, _semantic=None):
+    """desc[coord block] += value through the TMA unit (cp.reduce.async.bulk.tensor .add): Gluon 3.6's hopper.tma has
+    no reduce, but the tensor-descriptor reduce op of `tl` lowers through the same passes (the value is staged in
+    shared memory, then one bulk reduce per block). One instruction stream per tile instead of a float32 atomic, and
+    its 64-bit address, per element per thread."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    return _semantic.builder.create_descriptor_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, value.handle, coord)
+
 
 
 @gluon.jit
@@ -53,7 +66,7 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr, ds_layout: gl.constexpr,
               st_layout: gl.constexpr, kv_acc_layout: gl.constexpr, op_layout: gl.constexpr,
-              dq_layout: gl.constexpr, DQ_T: gl.constexpr):
+              dq_layout: gl.constexpr, DQ_T: gl.constexpr, DQ_TMA: gl.constexpr, dqa_layout: gl.constexpr):
     # DQ_T: query tiles narrower than a wgmma's 64 rows compute dQ^T = K^T dS^T (head_dim rows) instead of dS K
     dtype: gl.constexpr = Q.dtype.element_ty
     TILE_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -72,6 +85,7 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
     v_desc = tma.make_tensor_descriptor(V, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
     dk_desc = tma.make_tensor_descriptor(DK, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
     dv_desc = tma.make_tensor_descriptor(DV, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
+    dqa_desc = tma.make_tensor_descriptor(DQA, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], dqa_layout)
 
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
@@ -140,11 +154,19 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
             dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
         dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
         _load_qdo(q_desc, do_desc, q_smem, do_smem, bars, i + STAGES, slot, row0, col, n_end, BLOCK_M, TILE_BYTES)
-        if DQ_T:
-            dq_ptrs = (DQA + ((row0 + i * BLOCK_M + dq_rows[None, :]).to(gl.int64) * width + col) + dq_cols[:, None])
+        if DQ_TMA:
+            if DQ_T:
+                tma_reduce_add(dqa_desc, [row0 + i * BLOCK_M, col], gl.permute(dq, [1, 0]))
+            else:
+                tma_reduce_add(dqa_desc, [row0 + i * BLOCK_M, col], dq)
         else:
-            dq_ptrs = (DQA + ((row0 + i * BLOCK_M + dq_rows[:, None]).to(gl.int64) * width + col) + dq_cols[None, :])
-        gl.atomic_add(dq_ptrs, dq, sem="relaxed")
+            if DQ_T:
+                dq_ptrs = (DQA + ((row0 + i * BLOCK_M + dq_rows[None, :]).to(gl.int64) * width + col)
+                           + dq_cols[:, None])
+            else:
+                dq_ptrs = (DQA + ((row0 + i * BLOCK_M + dq_rows[:, None]).to(gl.int64) * width + col)
+                           + dq_cols[None, :])
+            gl.atomic_add(dq_ptrs, dq, sem="relaxed")
 
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
@@ -158,10 +180,11 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
 
 
 BLOCK_N, WARPS = 128, 8
-CONFIGS = [(64, 2), (64, 3), (32, 3)]  # (BLOCK_M queries per step, STAGES of the Q / dO ring)
+# (BLOCK_M queries per step, STAGES of the Q / dO ring, dQ through the TMA reduce rather than atomics)
+CONFIGS = [(64, 2, False), (64, 2, True), (32, 3, False), (32, 3, True)]
 
 
-def layouts(head_dim: int, block_m: int, dtype=gl.bfloat16) -> dict:
+def layouts(head_dim: int, block_m: int, dq_tma: bool = False, dtype=gl.bfloat16) -> dict:
     """Shared layouts (TMA tiles; dS^T, read transposed by the dQ wgmma) and the wgmma accumulators': S^T / dP^T
     (BLOCK_N x block_m) and dK / dV (BLOCK_N x head_dim) one warp per 16 keys; dQ (block_m x head_dim) with the two
     warpgroups side by side along head_dim, or for block_m < 64 dQ^T (head_dim x block_m), one warp per 16 rows."""
@@ -178,7 +201,8 @@ def layouts(head_dim: int, block_m: int, dtype=gl.bfloat16) -> dict:
                    if dq_t else
                    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
                                              instr_shape=[16, head_dim // (WARPS // 4), 16])),
-        DQ_T=dq_t)
+        DQ_T=dq_t, DQ_TMA=dq_tma,
+        dqa_layout=gl.NVMMASharedLayout.get_default_for([block_m, head_dim], gl.float32))
 
 
 def gluon_backward(do, q, k, v, o, lse2, causal: bool, config=CONFIGS[0]):
@@ -186,7 +210,7 @@ def gluon_backward(do, q, k, v, o, lse2, causal: bool, config=CONFIGS[0]):
     (batch, heads, seqlen) contiguous."""
     import kernels.flash as F
 
-    block_m, stages = config
+    block_m, stages, dq_tma = config
     batch, seqlen, nheads, head_dim = q.shape
     if head_dim not in (64, 128) or seqlen % BLOCK_N or q.dtype != torch.bfloat16:
         raise ValueError(f"bf16, head dim 64 or 128, seqlen a multiple of {BLOCK_N}; got {q.shape} {q.dtype}")
@@ -198,7 +222,7 @@ def gluon_backward(do, q, k, v, o, lse2, causal: bool, config=CONFIGS[0]):
     scale = 1.0 / math.sqrt(head_dim)
     _attn_bwd[(seqlen // BLOCK_N, batch * nheads)](
         q, k, v, do, dk, dv, dqa, lse2.contiguous(), delta, batch * seqlen, seqlen, nheads, scale * LOG2E, scale,
-        head_dim, block_m, BLOCK_N, stages, causal, **layouts(head_dim, block_m), num_warps=WARPS)
+        head_dim, block_m, BLOCK_N, stages, causal, **layouts(head_dim, block_m, dq_tma), num_warps=WARPS)
     return (dqa * scale).to(q.dtype), dk, dv
 
 
@@ -218,9 +242,9 @@ def compile_report():
     fp32_ptrs = ("DQA", "LSE", "DELTA")
     for head_dim in (64, 128):
         for causal in (False, True):
-            for block_m, stages in CONFIGS:
+            for block_m, stages, dq_tma in CONFIGS:
                 consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, IS_CAUSAL=causal,
-                              **layouts(head_dim, block_m))
+                              **layouts(head_dim, block_m, dq_tma))
                 sig = {a: ("constexpr" if a in consts else "*fp32" if a in fp32_ptrs else "fp32" if a in floats
                            else "*bf16" if a in ("Q", "K", "V", "DO", "DK", "DV") else "i32") for a in names}
                 attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
@@ -230,7 +254,7 @@ def compile_report():
                 try:
                     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
                 except Exception as e:  # noqa: BLE001 (report and go on)
-                    print(f"hd {head_dim} causal {causal} (BLOCK_M, STAGES) {(block_m, stages)}: FAILED "
+                    print(f"hd {head_dim} causal {causal} (BLOCK_M, STAGES, DQ_TMA) {(block_m, stages, dq_tma)}: FAILED "
                           f"{type(e).__name__}: {str(e)[:3000]}")
                     continue
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -239,7 +263,7 @@ def compile_report():
                     out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
                 m = re.search(r"REG:(\d+) STACK:(\d+)", out)
                 print(f"hd {head_dim} causal {causal} (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} warps, stages "
-                      f"{stages}): regs {m.group(1)}, spill stack {m.group(2)} B, smem {compiled.metadata.shared} B")
+                      f"{stages}, dQ {'TMA reduce' if dq_tma else 'atomics'}): regs {m.group(1)}, spill stack {m.group(2)} B, smem {compiled.metadata.shared} B")
 
 
 def _inputs(batch, seqlen, nheads, head_dim, causal):
@@ -268,7 +292,7 @@ def check():
                         got = gluon_backward(do, q, k, v, o, lse2, causal, cfg)
                         torch.cuda.synchronize()
                     except Exception as e:  # noqa: BLE001 (say so, go on)
-                        print(f"hd {head_dim} causal {causal} n {seqlen} (BLOCK_M, STAGES) {cfg}: WRONG, raised "
+                        print(f"hd {head_dim} causal {causal} n {seqlen} (BLOCK_M, STAGES, DQ_TMA) {cfg}: WRONG, raised "
                               f"{type(e).__name__}: {str(e)[:300]}", flush=True)
                         continue
                     cells, ok = [], True
@@ -277,7 +301,7 @@ def check():
                         base_err = (base.double() - r).abs().max().item()
                         ok &= err <= 2 * base_err + 1e-3
                         cells.append(f"{name} {err:.1e} (ours {base_err:.1e})")
-                    print(f"hd {head_dim} causal {causal} n {seqlen} (BLOCK_M, STAGES) {cfg}: {', '.join(cells)} "
+                    print(f"hd {head_dim} causal {causal} n {seqlen} (BLOCK_M, STAGES, DQ_TMA) {cfg}: {', '.join(cells)} "
                           f"{'ok' if ok else 'WRONG'}", flush=True)
 
 
