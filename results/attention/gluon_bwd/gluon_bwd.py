@@ -280,6 +280,7 @@ def check():
     from kernels.standard import standard_attention
 
     torch.manual_seed(0)
+    failures = []
     for head_dim in (64, 128):
         for causal in (False, True):
             for seqlen in (128, 512, 1024):
@@ -294,6 +295,10 @@ def check():
                     except Exception as e:  # noqa: BLE001 (say so, go on)
                         print(f"hd {head_dim} causal {causal} n {seqlen} (BLOCK_M, STAGES, DQ_TMA) {cfg}: WRONG, raised "
                               f"{type(e).__name__}: {str(e)[:300]}", flush=True)
+                        if not failures:  # the first failure's whole traceback: a device call to debug it is costly
+                            import traceback
+                            traceback.print_exc()
+                        failures.append(cfg)
                         continue
                     cells, ok = [], True
                     for name, g, base, r in zip(("dq", "dk", "dv"), got, ours, ref):

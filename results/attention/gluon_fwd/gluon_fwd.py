@@ -454,6 +454,7 @@ def check(variants=tuple(VARIANTS)):
     from kernels.standard import standard_attention
 
     torch.manual_seed(0)
+    failures = []
     for head_dim in (64, 128):
         for causal in (False, True):
             for seqlen in (128, 512, 1024):
@@ -475,6 +476,10 @@ def check(variants=tuple(VARIANTS)):
                     except Exception as e:  # noqa: BLE001 (a config that does not build or run: say so, go on)
                         print(f"hd {head_dim} causal {causal} n {seqlen} {cfg}: WRONG, raised {type(e).__name__}: "
                               f"{str(e)[:300]}", flush=True)
+                        if not failures:  # the first failure's whole traceback: a device call to debug it is costly
+                            import traceback
+                            traceback.print_exc()
+                        failures.append(cfg)
                         continue
                     err = (o.double() - ref).abs().max().item()
                     lse_err = (lse.double() - lse_ref).abs().max().item()
