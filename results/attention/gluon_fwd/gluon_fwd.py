@@ -13,11 +13,13 @@ product with tile j-1's probabilities is still on the tensor cores:
 then O += P(n-1) V(n-1), O /= l, O out through Q's shared tile by TMA, and the log-sum-exp (base 2, as
 kernels/flash.py keeps it) to LSE.
 
-What the sm_90 compile shows (CPU, `compile` and README.md): no spills at any config (162-250 registers), and
-ptxas puts the second wait right after the first, before the softmax's exponentials, whatever the source order
-(P in registers or in shared memory, with or without the row-max shuffles). So the overlap within a warpgroup
-does not survive ptxas; what overlaps is one warpgroup's softmax with the other's matmuls, as FlashAttention-3's
-authors say of theirs (flash-attention issue #1764), which orders the two with named barriers (ping-pong).
+What the sm_90 compile shows (CPU, `compile` and README.md): no spills at any config, and ptxas puts the second
+wait right after the first, before the softmax's exponentials, whatever the source order (P in registers or in
+shared memory, with or without the row-max shuffles). So the overlap within a warpgroup does not survive ptxas;
+what overlaps is one warpgroup's softmax with the other's matmuls, as FlashAttention-3's authors say of theirs
+(flash-attention issue #1764), which orders the two with named barriers (ping-pong). Variant "ws"
+(`_attn_fwd_ws`) does that: a loader warp and two consumer warpgroups that take turns through mbarriers (its
+protocol is simulated on the CPU in protocol_sim.py).
 
 Scope: dense self-attention, (batch, seqlen, heads, head_dim) contiguous bf16, head dim 64 or 128, seqlen a
 multiple of the tiles, causal or not, no dropout. Not wired into kernels/: a device A/B decides whether the
