@@ -166,7 +166,7 @@ def runs_env(env: dict, run_dirs: list[Path]) -> dict:
     if not calls:
         raise SystemExit(f"--tabulate: no calls.csv under {[rel_arg(str(d)) for d in run_dirs]}: nothing says which "
                          "GPU and versions the runs used")
-    versions = dict(part.split(" ", 1) for part in calls[0]["software"].split(", "))
+    versions = dict(part.split(" ", 1) for part in (calls[0].get("software") or "").split(", ") if " " in part)
     starts = sorted(c["started_utc"] for c in calls)
     ends = sorted(c["ended_utc"] for c in calls if c.get("ended_utc"))
     return {"gpu": " / ".join(sorted({c["device"] for c in calls})), **versions,
