@@ -120,7 +120,8 @@ def main(argv=None):
             rows.append(tabulated(row, metrics, max_steps))
             continue
         if args.reuse and finished(metrics, max_steps):
-            row.update(reused=True, **summarize(read_metrics(metrics)), series=read_metrics(metrics))
+            series = read_metrics(metrics)
+            row.update(reused=True, **summarize(series), series=series)
             rows.append(row)
             print(attn, "finished run reused:", rel_arg(str(run_dir)), flush=True)
             continue
@@ -142,8 +143,8 @@ def main(argv=None):
             summary = next((ln for ln in lines if "Error" in ln or "Could not" in ln), lines[-1] if lines else "?")
             row["error"] = (cause[-1].strip() if cause else summary)[:200]
         else:
-            row.update(summarize(read_metrics(metrics)))
-            row["series"] = read_metrics(metrics)
+            series = read_metrics(metrics)
+            row.update(summarize(series), series=series)
         rows.append(row)
         print(attn, {k: v for k, v in row.items() if k not in ("series", "command")}, flush=True)
         md = write_table(rows, out, args.name, env, args.parity_tol)  # after every run: a cut-off sweep keeps its rows
@@ -180,7 +181,7 @@ def tabulated(row: dict, metrics: Path, max_steps: int | None) -> dict:
         return {**row, "error": f"no run: {rel_arg(str(metrics))} does not exist"}
     series = read_metrics(metrics)
     row.update(summarize(series), series=series)
-    if max_steps is not None and not finished(metrics, max_steps):
+    if max_steps is not None and not reached(series, max_steps):
         last = max((s for vals in series.values() for s, _ in vals), default=-1)
         row["stopped_at"] = f"step {last + 1:,} of {max_steps:,}"  # metrics carry the 0-based step index
     return row
@@ -206,10 +207,13 @@ def configured_max_steps(overrides: list[str]) -> int | None:
 
 def finished(metrics: Path, max_steps: int | None) -> bool:
     """A run folder whose metrics reach max_steps (with a validation pass there), i.e. nothing to redo."""
-    if max_steps is None or not metrics.exists():
-        return False
-    ppl = read_metrics(metrics).get("val/ppl", [])
-    return bool(ppl) and max(s for s, _ in ppl) >= max_steps - 1  # logged at the 0-based index of the last step
+    return metrics.exists() and reached(read_metrics(metrics), max_steps)
+
+
+def reached(series, max_steps: int | None) -> bool:
+    """Whether a run's series (read_metrics) hold a validation pass at max_steps."""
+    ppl = series.get("val/ppl", [])
+    return max_steps is not None and bool(ppl) and max(s for s, _ in ppl) >= max_steps - 1  # 0-based step index
 
 
 def parity(rows, tol: float) -> list[str]:
