@@ -29,14 +29,15 @@ import kernels.flash as F  # noqa: E402
 _TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "DQA": "*fp32", "SEED": "*i64", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
 _TENSORS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
 _FLOATS = {"qk_scale", "sm_scale", "drop_scale"}
-_DIVISIBLE = ("stride_", "seqlen_", "TUNE_")
+_DIVISIBLE = ("stride_", "seqlen", "TUNE_", "total_rows")  # as Triton specialises ints divisible by 16 at launch
 
 
 H100_SMEM_PER_BLOCK = 232448  # bytes of shared memory one thread block may have on an H100 (227 KiB)
 
 
 def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False) -> dict:
-    """{"regs", "stack", "smem" (bytes of shared memory, at most H100_SMEM_PER_BLOCK to launch)} of one launch config;
+    """{"regs", "stack", "smem" (bytes of shared memory, at most H100_SMEM_PER_BLOCK to launch)} of one launch config
+    of a @triton.jit or @gluon.jit kernel;
     with sass, also "ops": the cubin's SASS opcode counts (static:
     every instruction of the kernel once, whether in a loop or not)."""
     names = jitfn.arg_names
@@ -53,8 +54,10 @@ def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False) 
             sig[a] = "*bf16" if a in _TENSORS else ("fp32" if a in _FLOATS else "i32")
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
              if sig[a].startswith("*") or a.startswith(_DIVISIBLE)}
-    src = ASTSource(fn=jitfn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
-                    attrs=attrs)
+    source = ASTSource
+    if jitfn.is_gluon():  # Gluon kernels (results/attention/gluon_*/) compile from their own source type
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    src = source(fn=jitfn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps, "num_stages": stages})
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")

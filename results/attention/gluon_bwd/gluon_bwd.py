@@ -27,6 +27,7 @@ import math
 import sys
 
 sys.path.insert(0, ".")
+sys.path.insert(0, "results/attention/gluon_fwd")
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
@@ -35,6 +36,8 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language import _core  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from gluon_fwd import head_tiles  # noqa: E402
 
 LOG2E = 1.4426950408889634
 
@@ -79,13 +82,13 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
     col = h * HEAD_DIM
     row0 = b * seqlen
     start_n = pid_n * BLOCK_N
-    q_desc = tma.make_tensor_descriptor(Q, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], q_layout)
-    do_desc = tma.make_tensor_descriptor(DO, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], q_layout)
-    k_desc = tma.make_tensor_descriptor(K, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    dk_desc = tma.make_tensor_descriptor(DK, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    dv_desc = tma.make_tensor_descriptor(DV, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    dqa_desc = tma.make_tensor_descriptor(DQA, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], dqa_layout)
+    q_desc = head_tiles(Q, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
+    do_desc = head_tiles(DO, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
+    k_desc = head_tiles(K, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    v_desc = head_tiles(V, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    dk_desc = head_tiles(DK, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    dv_desc = head_tiles(DV, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    dqa_desc = head_tiles(DQA, total_rows, nheads, BLOCK_M, HEAD_DIM, dqa_layout)
 
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
@@ -227,43 +230,20 @@ def gluon_backward(do, q, k, v, o, lse2, causal: bool, config=CONFIGS[0]):
 
 
 def compile_report():
-    """sm_90 compile on the CPU: registers, spills and shared memory per stage count, head dim and causality."""
-    import os
-    import re
-    import subprocess
-    import tempfile
+    """sm_90 compile on the CPU (scripts/kernel_resources.py's `resources`): registers, spills and shared memory per
+    config, head dim and causality."""
+    sys.path.insert(0, "scripts")
+    from kernel_resources import resources
 
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    names = _attn_bwd.arg_names
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    floats = ("qk_scale", "sm_scale")
-    fp32_ptrs = ("DQA", "LSE", "DELTA")
     for head_dim in (64, 128):
         for causal in (False, True):
             for block_m, stages, dq_tma in CONFIGS:
                 consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, IS_CAUSAL=causal,
                               **layouts(head_dim, block_m, dq_tma))
-                sig = {a: ("constexpr" if a in consts else "*fp32" if a in fp32_ptrs else "fp32" if a in floats
-                           else "*bf16" if a in ("Q", "K", "V", "DO", "DK", "DV") else "i32") for a in names}
-                attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
-                         if sig[a].startswith("*") or a in ("total_rows", "seqlen")}
-                src = GluonASTSource(fn=_attn_bwd, signature=sig,
-                                     constexprs={(names.index(k_),): v_ for k_, v_ in consts.items()}, attrs=attrs)
-                try:
-                    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
-                except Exception as e:  # noqa: BLE001 (report and go on)
-                    print(f"hd {head_dim} causal {causal} (BLOCK_M, STAGES, DQ_TMA) {(block_m, stages, dq_tma)}: FAILED "
-                          f"{type(e).__name__}: {str(e)[:3000]}")
-                    continue
-                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                    f.write(compiled.asm["cubin"])
-                    f.flush()
-                    out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-                m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+                r = resources(_attn_bwd, consts, WARPS, stages)
                 print(f"hd {head_dim} causal {causal} (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} warps, stages "
-                      f"{stages}, dQ {'TMA reduce' if dq_tma else 'atomics'}): regs {m.group(1)}, spill stack {m.group(2)} B, smem {compiled.metadata.shared} B")
+                      f"{stages}, dQ {'TMA reduce' if dq_tma else 'atomics'}): regs {r['regs']}, spill stack "
+                      f"{r['stack']} B, smem {r['smem']} B", flush=True)
 
 
 def _inputs(batch, seqlen, nheads, head_dim, causal):

@@ -57,6 +57,28 @@ def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_la
 
 
 @gluon.jit
+def head_tiles(ptr, total_rows, nheads, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, layout: gl.constexpr):
+    """TMA descriptor of (batch, seqlen, nheads, HEAD_DIM) contiguous data viewed as (batch * seqlen, nheads *
+    HEAD_DIM), in blocks of BLOCK rows by one head: block [row, h * HEAD_DIM] is rows row.. of head h."""
+    width = nheads * HEAD_DIM
+    return tma.make_tensor_descriptor(ptr, [total_rows, width], [width, 1], [BLOCK, HEAD_DIM], layout)
+
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, past_diagonal, IS_CAUSAL: gl.constexpr,
+                  s_layout: gl.constexpr):
+    """_softmax_step with the causal mask only where the tile reaches past the diagonal (a runtime test)."""
+    if IS_CAUSAL:
+        if past_diagonal:
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, True, s_layout)
+        else:
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout)
+    else:
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout)
+    return p, m_i, l_i, alpha
+
+
+@gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, slot, kv_row0, col, n_tiles,
              BLOCK_N: gl.constexpr, KV_BYTES: gl.constexpr):
     pred = tile < n_tiles
@@ -83,14 +105,13 @@ def _attn_fwd(Q, K, V, O, LSE, total_rows, seqlen, nheads, qk_scale,
     bh = gl.program_id(1)
     b = bh // nheads
     h = bh % nheads
-    width = nheads * HEAD_DIM
     col = h * HEAD_DIM
     kv_row0 = b * seqlen
     start_m = pid_m * BLOCK_M
-    q_desc = tma.make_tensor_descriptor(Q, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], q_layout)
-    k_desc = tma.make_tensor_descriptor(K, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    o_desc = tma.make_tensor_descriptor(O, [total_rows, width], [width, 1], [BLOCK_M, HEAD_DIM], q_layout)
+    q_desc = head_tiles(Q, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
+    k_desc = head_tiles(K, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    v_desc = head_tiles(V, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    o_desc = head_tiles(O, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
@@ -127,13 +148,7 @@ def _attn_fwd(Q, K, V, O, LSE, total_rows, seqlen, nheads, qk_scale,
     mbarrier.wait(k_bars.index(0), 0)
     s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, (s_tok,))
-    if IS_CAUSAL:
-        if n_full < 1:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, True, s_layout)
-        else:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, False, s_layout)
-    else:
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, False, s_layout)
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(1, n_tiles):
@@ -147,13 +162,8 @@ def _attn_fwd(Q, K, V, O, LSE, total_rows, seqlen, nheads, qk_scale,
         mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
         acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
-        if IS_CAUSAL:
-            if j >= n_full:
-                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, True, s_layout)
-            else:
-                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, False, s_layout)
-        else:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, False, s_layout)
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full, IS_CAUSAL,
+                                           s_layout)
         acc = warpgroup_mma_wait(0, (acc_tok,))
         _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, prev, kv_row0, col, n_tiles,
                  BLOCK_N, KV_BYTES)
@@ -239,13 +249,7 @@ def _ws_consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k
     s_tok = warpgroup_mma(my_q, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
     mbarrier.arrive(other_turn)
     s = warpgroup_mma_wait(0, (s_tok,))
-    if IS_CAUSAL:
-        if n_full < 1:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, True, s_layout)
-        else:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, False, s_layout)
-    else:
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, False, s_layout)
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
     # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
@@ -260,13 +264,8 @@ def _ws_consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k
         acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         mbarrier.arrive(other_turn)
         s = warpgroup_mma_wait(1, (s_tok,))
-        if IS_CAUSAL:
-            if j >= n_full:
-                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, True, s_layout)
-            else:
-                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, False, s_layout)
-        else:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, False, s_layout)
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full, IS_CAUSAL,
+                                           s_layout)
         acc = warpgroup_mma_wait(0, (acc_tok,))
         mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
         p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -319,14 +318,13 @@ def _attn_fwd_ws(Q, K, V, O, LSE, total_rows, seqlen, nheads, qk_scale,
     bh = gl.program_id(1)
     b = bh // nheads
     h = bh % nheads
-    width = nheads * HEAD_DIM
     col = h * HEAD_DIM
     kv_row0 = b * seqlen
     start_m = pid_m * BLOCK_M
-    q_desc = tma.make_tensor_descriptor(Q, [total_rows, width], [width, 1], [SUB_M, HEAD_DIM], q_layout)
-    k_desc = tma.make_tensor_descriptor(K, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V, [total_rows, width], [width, 1], [BLOCK_N, HEAD_DIM], kv_layout)
-    o_desc = tma.make_tensor_descriptor(O, [total_rows, width], [width, 1], [SUB_M, HEAD_DIM], q_layout)
+    q_desc = head_tiles(Q, total_rows, nheads, SUB_M, HEAD_DIM, q_layout)
+    k_desc = head_tiles(K, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    v_desc = head_tiles(V, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    o_desc = head_tiles(O, total_rows, nheads, SUB_M, HEAD_DIM, q_layout)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
@@ -413,42 +411,21 @@ def gluon_attention(q, k, v, causal: bool, config=CONFIGS[0]):
 
 
 def compile_report():
-    """sm_90 compile on the CPU: registers, spills and shared memory per config, head dim and causality."""
-    import os
-    import re
-    import subprocess
-    import tempfile
+    """sm_90 compile on the CPU (scripts/kernel_resources.py's `resources`): registers, spills and shared memory per
+    config, head dim and causality."""
+    sys.path.insert(0, "scripts")
+    from kernel_resources import resources
 
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for head_dim in (64, 128):
         for causal in (False, True):
             for variant, cfg in CONFIGS:
                 kernel, _, extra = VARIANTS[variant]
-                names = kernel.arg_names
                 block_m, block_n, stages, warps = cfg
                 consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal,
                               **extra(head_dim, block_m, block_n, warps))
-                sig = {a: ("constexpr" if a in consts else "*bf16" if a in "QKVO" else "*fp32" if a == "LSE"
-                           else "fp32" if a == "qk_scale" else "i32") for a in names}
-                attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
-                         if sig[a].startswith("*") or a in ("total_rows", "seqlen")}
-                src = GluonASTSource(fn=kernel, signature=sig,
-                                     constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-                try:
-                    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-                except Exception as e:  # noqa: BLE001 (report and go on to the next config)
-                    print(f"hd {head_dim} causal {causal} {variant} {cfg}: FAILED {type(e).__name__}: {str(e)[:3000]}")
-                    continue
-                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                    f.write(compiled.asm["cubin"])
-                    f.flush()
-                    out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-                m = re.search(r"REG:(\d+) STACK:(\d+)", out)
-                print(f"hd {head_dim} causal {causal} {variant} (BLOCK_M, BLOCK_N, STAGES, warps) {cfg}: regs {m.group(1)}, "
-                      f"spill stack {m.group(2)} B, smem {compiled.metadata.shared} B")
+                r = resources(kernel, consts, warps, stages)
+                print(f"hd {head_dim} causal {causal} {variant} (BLOCK_M, BLOCK_N, STAGES, warps) {cfg}: regs "
+                      f"{r['regs']}, spill stack {r['stack']} B, smem {r['smem']} B", flush=True)
 
 
 def check(variants=tuple(VARIANTS)):
