@@ -12,6 +12,7 @@ Conventions shared with `kernels.flash` and `kernels.blocksparse`:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -63,28 +64,32 @@ def standard_attention(
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(headdim)
     k, v = repeat_kv(k, nheads), repeat_kv(v, nheads)
 
-    # Scale q (N x d) rather than the scores (N x N): one pass over the big matrix fewer.
-    if upcast_scores and q.element_size() < 4:
-        q, k = q.float(), k.float()  # the scale then applies in float32 too, as in the kernels
-    scores = torch.einsum("bqhd,bkhd->bhqk", q * scale, k)
-    allowed = None
-    if causal:
-        allowed = causal_mask(seqlen_q, seqlen_k, q.device)
-    if mask is not None:
-        allowed = mask if allowed is None else (allowed & mask)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+    # Under autocast the einsum would round the scores to 16 bits again whatever q's dtype, so the upcast
+    # turns autocast off for the scores and softmax; the product with V below stays under it, as in the kernels.
+    upcast = upcast_scores and (q.element_size() < 4 or torch.is_autocast_enabled(q.device.type))
+    with torch.autocast(q.device.type, enabled=False) if upcast else contextlib.nullcontext():
+        if upcast:
+            q, k = q.float(), k.float()  # the scale then applies in float32 too, as in the kernels
+        # Scale q (N x d) rather than the scores (N x N): one pass over the big matrix fewer.
+        scores = torch.einsum("bqhd,bkhd->bhqk", q * scale, k)
+        allowed = None
+        if causal:
+            allowed = causal_mask(seqlen_q, seqlen_k, q.device)
+        if mask is not None:
+            allowed = mask if allowed is None else (allowed & mask)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
 
-    probs = torch.softmax(scores, dim=-1)
-    # A fully masked row softmaxes to NaN; it must attend to nothing instead. Causal masking alone
-    # empties rows only when seqlen_q > seqlen_k, so the common case pays no extra pass (and no sync).
-    if mask is not None or (causal and seqlen_q > seqlen_k):
-        probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        probs = torch.softmax(scores, dim=-1)
+        # A fully masked row softmaxes to NaN; it must attend to nothing instead. Causal masking alone
+        # empties rows only when seqlen_q > seqlen_k, so the common case pays no extra pass (and no sync).
+        if mask is not None or (causal and seqlen_q > seqlen_k):
+            probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
 
-    if dropout_mask is not None:
-        probs = probs * dropout_mask.to(probs.dtype) / (1.0 - dropout_p)
-    elif dropout_p > 0.0:
-        probs = torch.nn.functional.dropout(probs, p=dropout_p)
+        if dropout_mask is not None:
+            probs = probs * dropout_mask.to(probs.dtype) / (1.0 - dropout_p)
+        elif dropout_p > 0.0:
+            probs = torch.nn.functional.dropout(probs, p=dropout_p)
 
     out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
     if not return_lse:

@@ -89,3 +89,11 @@ def test_upcast_scores_keeps_the_kernels_precision_in_bfloat16():
     f32 = [x.float() for x in (q, k, v)]
     assert torch.equal(standard_attention(*f32, causal=True), standard_attention(*f32, causal=True, upcast_scores=True))
     assert "upcast_scores=True" in repr(StandardAttention(upcast_scores=True))
+    # Under autocast (how training calls it) the scores must stay float32 too: autocast rounds an einsum's
+    # output to 16 bits whatever its inputs, which once made upcast_scores a silent no-op in a GPU run.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for inputs in (f32, [x.detach() for x in lo]):
+            plain = standard_attention(*inputs, causal=True)
+            upcast = standard_attention(*inputs, causal=True, upcast_scores=True)
+            assert upcast.dtype == plain.dtype == torch.bfloat16
+            assert err(upcast) < 0.5 * err(plain), (err(upcast), err(plain))
