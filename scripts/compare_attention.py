@@ -285,14 +285,15 @@ def plot(rows, path, env, tol: float = 0.01):
     ok = [r for r in rows if "tokens_per_s" in r]
     curves = [r for r in ok if r["series"].get("val/ppl")]
     fig, ax = plt.subplots(1, 4 if len(curves) > 1 else 3, figsize=(18 if len(curves) > 1 else 14, 3.8))
-    ax[0].bar([r["attn"] for r in ok], [r["tokens_per_s"] / 1e3 for r in ok], color="tab:blue")
+    color = {r["attn"]: f"C{i}" for i, r in enumerate(ok)}  # one colour per kind in every panel
+    ax[0].bar([r["attn"] for r in ok], [r["tokens_per_s"] / 1e3 for r in ok], color=[color[r["attn"]] for r in ok])
     ax[0].set_ylabel("training throughput (K tokens/s)")
     ax[0].set_title(env["gpu"], fontsize=9)
     for r in ok:
         pts = r["series"].get("train/loss", [])
-        ax[1].plot([s for s, _ in pts], [v for _, v in pts], label=r["attn"])
+        ax[1].plot([s for s, _ in pts], [v for _, v in pts], color=color[r["attn"]], label=r["attn"])
         pts = r["series"].get("val/ppl", [])
-        ax[2].plot([s for s, _ in pts], [v for _, v in pts], marker="o", ms=3, label=r["attn"])
+        ax[2].plot([s for s, _ in pts], [v for _, v in pts], marker="o", ms=3, color=color[r["attn"]], label=r["attn"])
     ax[1].set_xlabel("optimizer step")
     ax[1].set_ylabel("train loss")
     ax[1].legend()
@@ -304,7 +305,8 @@ def plot(rows, path, env, tol: float = 0.01):
         ref = dict(curves[0]["series"]["val/ppl"])
         for r in curves[1:]:
             pts = [(s, 100 * (v / ref[s] - 1)) for s, v in r["series"]["val/ppl"] if s in ref]
-            ax[3].plot([s for s, _ in pts], [g for _, g in pts], marker="o", ms=3, label=r["attn"])
+            ax[3].plot([s for s, _ in pts], [g for _, g in pts], marker="o", ms=3, color=color[r["attn"]],
+                       label=r["attn"])
         ax[3].axhspan(-100 * tol, 100 * tol, color="tab:green", alpha=0.15, label=f"+-{100 * tol:g}%")
         ax[3].axhline(0, color="gray", lw=0.8)
         ax[3].set_xlabel("optimizer step")
