@@ -28,6 +28,10 @@ Algorithm
   (see `_fwd_ws`). The launcher chooses it (`_fwd_kind`) on sm_90 at head dim 128 without dropout, for
   16-byte aligned inputs whose heads and batches lie side by side; elsewhere, and always under the
   interpreter, the forward is the two-stage loop. The backward does not use it.
+- Gluon (Hopper, `kernels/flash_gluon.py`): where its scope holds (sm_90, Triton 3.6, fp16/bf16, head dim 128,
+  seqlen_q == seqlen_k a multiple of 128, no dropout or varlen), the forward is FlashAttention-3's ping-pong of
+  two consumer warpgroups and a loader warp instead (1.07-1.21x the kernels here); `_gluon_unsupported` says why
+  not elsewhere, and FLASH_GLUON=0 turns it off. Same outputs and LSE, so the backward is this module's.
 
 Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact under the
 interpreter), head dims that are multiples of 8 up to 256 (padded to a power of two with masked
@@ -1104,6 +1108,26 @@ def _fwd_kind(q, k, v, causal: bool, dropout_p: float, varlen: bool, warp_spec: 
     return ("fwd", _fwd_tuned) if causal else ("fwd_ws", None)
 
 
+# The Gluon forward (kernels/flash_gluon.py) is written against Triton 3.6's Gluon API, which is experimental and
+# changes between releases: other Triton versions run this module's kernels.
+_GLUON_TRITON = tuple(int(x) for x in triton.__version__.split(".")[:2]) == (3, 6)
+GLUON_FORWARD = os.environ.get("FLASH_GLUON", "1") != "0"
+
+
+def _gluon_unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool, out_dtype) -> str | None:
+    """Why the Gluon forward does not take this call, or None (then `_flash_fwd` launches it)."""
+    if not GLUON_FORWARD:
+        return "FLASH_GLUON=0"
+    if not _GLUON_TRITON:
+        return f"Triton {triton.__version__} (the Gluon forward is written for 3.6)"
+    if out_dtype not in (None, q.dtype):
+        return "an output dtype other than the inputs' (kernels/ring.py's float32 partials)"
+    from kernels import flash_gluon  # here, not at the top: only Triton 3.6's Gluon API is known to import
+
+    return (flash_gluon.unsupported(q, k, v, causal, dropout_p, varlen) or _ws_unsupported(q, k, v, dropout_p, varlen)
+            or _ws_platform_unsupported(q))
+
+
 def _tma_scratch(size: int, alignment: int, stream):
     """Global memory for the TMA descriptors `_fwd_ws` writes on the device (3 x 128 bytes per program), from
     torch's caching allocator on the current device and stream, which are the ones Triton launches on: no
@@ -1124,7 +1148,8 @@ def _ensure_tma_allocator():
 def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k, out_dtype=None,
                warp_spec=None):
     # out_dtype: the kernel stores O in whatever dtype O has (float32 for kernels/ring.py's partial outputs).
-    # warp_spec: see `_fwd_kind` (None: automatic).
+    # warp_spec: see `_fwd_kind` (None: automatic, the Gluon forward first where `_gluon_unsupported` allows;
+    # True / False: this module's kernels only, as tests and A/Bs ask).
     nheads, headdim = q.shape[-2], q.shape[-1]
     group = nheads // k.shape[-2]
     o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
@@ -1142,6 +1167,12 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
             slb, slh, _bucket(max_q), _bucket(max_k))
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0, REVERSE=causal)
+    if warp_spec is None and _gluon_unsupported(q, k, v, causal, dropout_p, varlen, out_dtype) is None:
+        from kernels.flash_gluon import gluon_forward
+
+        _ensure_tma_allocator()
+        gluon_forward(q, k, v, o, lse, softmax_scale * LOG2E, causal)
+        return o, lse, seed
     kind, tuned = _fwd_kind(q, k, v, causal, dropout_p, varlen, warp_spec)
     if kind == "fwd_ws" and not _interpreting():
         _ensure_tma_allocator()
