@@ -17,7 +17,7 @@ does (results/attention/gluon_fwd/README.md). Measured on one H100 against the `
 at head dim 128 from 1K tokens, 0.88-1.03x cuDNN's (results/attention/gluon_fwd/bench_h100.txt).
 
 Scope, checked by `unsupported` (kernels/flash.py runs its `@triton.jit` forward everywhere else): an sm_90 GPU,
-fp16/bf16, head dim 128, seqlen_q == seqlen_k a multiple of 128 (the 2-D TMA view runs one batch's rows into the
+fp16/bf16, head dim 128, seqlen_q == seqlen_k a multiple of 128 and at least MIN_SEQLEN (the 2-D TMA view runs one batch's rows into the
 next one's, so the tiles must not cross it), no dropout, no varlen; grouped-query attention and any row stride
 that TMA can read (q, k, v as views of a packed qkv) are supported. The output and the base-2 log-sum-exp are the
 ones `kernels.flash._fwd_kernel` writes, so its backward takes them unchanged.
@@ -33,6 +33,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 BLOCK_M, BLOCK_N, STAGES = 128, 128, 3  # the fastest of the prototype's configs at every benchmarked point
 HEAD_DIM = 128
 CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
+# Shortest sequences it takes, non-causal / causal: below them the @triton.jit forward's smaller tiles were faster on
+# the H100 (results/attention/h100.md before and after this kernel: 512 non-causal, 512 and 1K causal).
+MIN_SEQLEN = {False: 1024, True: 2048}
 
 
 @gluon.constexpr_function
@@ -266,6 +269,8 @@ def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | 
         return "seqlen_q != seqlen_k"
     if q.shape[1] % BLOCK_M or q.shape[1] % BLOCK_N:
         return f"seqlen {q.shape[1]} is not a multiple of {BLOCK_M}"
+    if q.shape[1] < MIN_SEQLEN[causal]:
+        return f"seqlen {q.shape[1]} below {MIN_SEQLEN[causal]}{' causal' if causal else ''}, where it is slower"
     return None
 
 

@@ -36,15 +36,28 @@ def _why(q, k, v, causal=False, dropout_p=0.0, varlen=False, out_dtype=None):
 # ------------------------------------------------------------------------------------ CPU: the choice
 
 
+@pytest.fixture
+def any_length(monkeypatch):
+    """Gluon at every multiple of 128, not only where it is the faster forward: the short cases test its first
+    and last key tiles, its one-tile programs and its causal edges."""
+    from kernels import flash_gluon
+
+    monkeypatch.setattr(flash_gluon, "MIN_SEQLEN", {False: 0, True: 0})
+
+
 def test_gluon_scope(as_if_sm90, monkeypatch):
-    q, k, v = _qkv(2, 256, 256, 4, 2, 128)
+    q, k, v = _qkv(1, 2048, 2048, 4, 2, 128)
     assert _why(q, k, v) is None and _why(q, k, v, causal=True) is None
-    assert _why(*torch.randn(2, 256, 3, 4, 128, dtype=torch.bfloat16).unbind(2)) is None  # packed qkv views
+    assert _why(*torch.randn(1, 2048, 3, 4, 128, dtype=torch.bfloat16).unbind(2)) is None  # packed qkv views
+    assert _why(q[:, :1024], k[:, :1024], v[:, :1024]) is None
+    assert "below 2048 causal" in _why(q[:, :1024], k[:, :1024], v[:, :1024], causal=True)
+    assert "below 1024" in _why(q[:, :512], k[:, :512], v[:, :512])
+    q, k, v = _qkv(1, 1024, 1024, 4, 2, 128)
     cases = {
-        "head dim 64": _qkv(2, 256, 256, 4, 4, 64),
-        "not a multiple of 128": _qkv(2, 200, 200, 4, 4, 128),
-        "seqlen_q != seqlen_k": _qkv(2, 128, 256, 4, 4, 128),
-        "float32": _qkv(2, 256, 256, 4, 4, 128, torch.float32),
+        "head dim 64": _qkv(1, 1024, 1024, 4, 4, 64),
+        "not a multiple of 128": _qkv(1, 1000, 1000, 4, 4, 128),
+        "seqlen_q != seqlen_k": _qkv(1, 1024, 2048, 4, 4, 128),
+        "float32": _qkv(1, 1024, 1024, 4, 4, 128, torch.float32),
         "heads not side by side": (q.transpose(1, 2).contiguous().transpose(1, 2), k, v),
     }
     for words, args in cases.items():
@@ -66,7 +79,7 @@ def test_gluon_never_on_this_platform_without_sm90():
         assert _why(q, k, v) is not None  # the interpreter, or no sm_90 GPU: the @triton.jit forward runs
 
 
-def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, monkeypatch):
+def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkeypatch):
     """`_flash_fwd` gives the Gluon forward q, k, v, fresh O and LSE and scale * log2(e), and returns what it
     wrote; forced kernel choices (warp_spec True / False, as tests and A/Bs ask) never reach it."""
     from kernels import flash_gluon
@@ -131,7 +144,7 @@ GPU_CASES = [  # (batch, seqlen, nheads, nheads_k, causal)
 @gluon_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "x".join(map(str, c)))
-def test_gpu_gluon_matches_reference(case, dtype, monkeypatch):
+def test_gpu_gluon_matches_reference(case, dtype, any_length, monkeypatch):
     """check_ws's bounds (outputs and LSE 2x plain PyTorch's error, gradients 3x, plus a floor), with the Gluon
     forward: check_ws forces warp_spec=True, so it is pointed at the automatic choice here."""
     b, n, h, hk, causal = case
@@ -145,7 +158,7 @@ def test_gpu_gluon_matches_reference(case, dtype, monkeypatch):
 @pytest.mark.gpu
 @gluon_gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_vs_triton_reruns_and_packed_views(causal):
+def test_gpu_gluon_vs_triton_reruns_and_packed_views(causal, any_length):
     b, n, h, hk = 2, 2048, 16, 4
     q, k, v = _qkv(b, n, n, h, hk, 128, torch.bfloat16, "cuda")
 
@@ -171,8 +184,8 @@ def test_gpu_gluon_vs_triton_reruns_and_packed_views(causal):
 def test_gpu_gluon_chosen_automatically():
     from kernels.flash_gluon import gluon_forward
 
-    q, k, v = _qkv(2, 1024, 1024, 4, 2, 128, torch.bfloat16, "cuda")
+    q, k, v = _qkv(1, 2048, 2048, 4, 2, 128, torch.bfloat16, "cuda")
     o = torch.empty_like(q)
-    lse = torch.empty(2, 4, 1024, device="cuda")
+    lse = torch.empty(1, 4, 2048, device="cuda")
     gluon_forward(q, k, v, o, lse, 128 ** -0.5 * F.LOG2E, True)
     assert torch.equal(F.flash_attn_func(q, k, v, causal=True), o)
