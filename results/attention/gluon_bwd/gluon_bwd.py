@@ -1,4 +1,4 @@
-"""Prototype (session 23, compiled, not yet run on a GPU): the backward in Gluon, in one kernel with five matmuls per
+"""Prototype (session 23): the backward in Gluon, in one kernel with five matmuls per
 tile pair, as FlashAttention-2/3 and cuDNN do it. Our shipped backward runs two kernels (dK/dV, then dQ) and seven
 matmuls per pair; it is 0.65-0.80x cuDNN's at head dim 128 (results/attention/h100.md), the larger part of the gap.
 
@@ -16,8 +16,12 @@ transposed (keys down, queries across) so that P^T and dS^T are already the regi
 
 then dK (times the softmax scale) and dV out by TMA, and dQ = scale * buffer in one elementwise pass.
 
+Measured on the H100 (session 24, README.md): correct, 0.64-0.89x our backward. Variant ws (`_attn_bwd_ws`, session
+24, compiled, not yet run) keeps that loop body on 8 compute warps and gives the loads to a loader warp and the dQ
+reduce (TMA, from a shared-memory ring) to a dQ warp, as FlashAttention-3's backward divides the work.
+
 Scope: dense self-attention, (batch, seqlen, heads, head_dim) contiguous bf16, head dim 64 or 128, seqlen a multiple
-of 128, causal or not, no dropout. dQ's summation order varies from run to run (atomics).
+of 128, causal or not, no dropout. dQ's summation order varies from run to run (atomics, or TMA reduces).
 
     python results/attention/gluon_bwd/gluon_bwd.py compile    # CPU: compiles for sm_90, registers / spills / smem
     python results/attention/gluon_bwd/gluon_bwd.py check      # GPU: gradients against float64 attention and ours
@@ -182,6 +186,194 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
     tma.store_wait(0)
 
 
+# ---- Variant WS (session 24, compiled, not yet run): FlashAttention-3's division of labour. The measured one-warpgroup-
+# -pair kernel above waits, per query tile, for its loads, its five wgmma and its dQ reduce in turn. Here a loader warp
+# owns the TMA loads (K, V once; Q and dO into a STAGES-deep ring, a slot refilled once the compute warps release it)
+# and a dQ warp owns the reduce: the compute warps leave each dQ tile in a DQ_STAGES-deep shared-memory ring and go
+# on to the next query tile while the dQ warp adds it to the float32 buffer by TMA and frees the slot. The compute
+# partition is the kernel's 8 warps (two warpgroups of 64 keys), with the loop body of `_attn_bwd`.
+
+
+@_core.builtin
+def tma_reduce_add_shared(desc, coord, src, _semantic=None):
+    """desc[coord block] += src (a shared-memory tile in desc's layout), asynchronously through the TMA unit; wait
+    with tma.store_wait. Gluon 3.6's GluonOpBuilder has the op (`create_async_tma_reduce`) but no Python wrapper."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord, src.handle)
+
+
+@gluon.constexpr_function
+def _acc_layout(warps, n):
+    """A wgmma accumulator's layout, one warp per 16 rows (the compute partition builds its register layouts: they
+    do not pass through warp_specialize's arguments); as `layouts` makes them for the one-partition kernel."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def _op_layout(warps, n):
+    return gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16]), k_width=2)
+
+
+@gluon.constexpr_function
+def _dq_layout(warps, head_dim, block_m):
+    if block_m < 64:  # dQ^T (head_dim x block_m), one warp per 16 rows
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, block_m, 16])
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps // 4],
+                                     instr_shape=[16, head_dim // (warps // 4), 16])
+
+
+@gluon.jit
+def _ws_bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, row0, col,
+                   start_n, lo, n_end, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    TILE_BYTES: gl.constexpr = q_smem.shape[1] * q_smem.shape[2] * q_smem.dtype.primitive_bitwidth // 8
+    KV_BYTES: gl.constexpr = k_smem.shape[0] * k_smem.shape[1] * k_smem.dtype.primitive_bitwidth // 8
+    mbarrier.expect(kv_bar, 2 * KV_BYTES)
+    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_bar, v_smem)
+    for i in range(lo, n_end):
+        t = i - lo
+        slot = t % STAGES
+        mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
+        mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
+        tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot), q_smem.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [row0 + i * BLOCK_M, col], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _ws_bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M: gl.constexpr,
+                      DQ_STAGES: gl.constexpr):
+    for i in range(lo, n_end):
+        t = i - lo
+        s = t % DQ_STAGES
+        mbarrier.wait(dq_full.index(s), (t // DQ_STAGES) & 1)
+        tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
+        tma.store_wait(0)  # the TMA unit has read the slot
+        mbarrier.arrive(dq_empty.index(s))
+
+
+@gluon.jit
+def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+                    empty, dq_full, dq_empty, bh, row0, col, start_n, lo, n_end, seqlen, qk_scale, sm_scale,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                    DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    DQ_T: gl.constexpr = BLOCK_M < 64
+    st_layout: gl.constexpr = _acc_layout(8, BLOCK_M)
+    kv_acc_layout: gl.constexpr = _acc_layout(8, HEAD_DIM)
+    op_layout: gl.constexpr = _op_layout(8, HEAD_DIM)
+    dq_layout: gl.constexpr = _dq_layout(8, HEAD_DIM, BLOCK_M)
+    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    stat_base = bh.to(gl.int64) * seqlen
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+    st_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    if DQ_T:
+        dq_init = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, layout=dq_layout)
+    else:
+        dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    mbarrier.wait(kv_bar, 0)
+
+    for i in range(lo, n_end):
+        t = i - lo
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        q_s = q_smem.index(slot)
+        do_s = do_smem.index(slot)
+        st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+        queries = i * BLOCK_M + qcols
+        lse = gl.load(LSE + stat_base + queries)
+        delta = gl.load(DELTA + stat_base + queries)
+        st = warpgroup_mma_wait(1, (st_tok,))
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+        if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
+            if i * BLOCK_M < start_n + BLOCK_N:
+                pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+        dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
+        dst = (pt * (dpt - delta[None, :])).to(dtype)
+        dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+        ds_smem.store(dst)
+        fence_async_shared()
+        if DQ_T:
+            dq_tok = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, dq_init, use_acc=False, is_async=True)
+        else:
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
+        mbarrier.arrive(empty.index(slot))  # Q_i and dO_i are read: the loader may refill the slot
+        s = t % DQ_STAGES
+        mbarrier.wait(dq_empty.index(s), ((t // DQ_STAGES) & 1) ^ 1)
+        if DQ_T:
+            dq_smem.index(s).store(gl.permute(dq, [1, 0]))
+        else:
+            dq_smem.index(s).store(dq)
+        fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+        mbarrier.arrive(dq_full.index(s))
+
+    k_smem.store((dk * sm_scale).to(dtype))  # K and V are no longer read: their tiles take dK and dV out
+    v_smem.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_smem)
+    tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _attn_bwd_ws(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, qk_scale, sm_scale,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
+                 ds_layout: gl.constexpr, dqa_layout: gl.constexpr):
+    dtype: gl.constexpr = Q.dtype.element_ty
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    col = h * HEAD_DIM
+    row0 = b * seqlen
+    start_n = pid_n * BLOCK_N
+    q_desc = head_tiles(Q, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
+    do_desc = head_tiles(DO, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
+    k_desc = head_tiles(K, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    v_desc = head_tiles(V, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    dk_desc = head_tiles(DK, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    dv_desc = head_tiles(DV, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    dqa_desc = head_tiles(DQA, total_rows, nheads, BLOCK_M, HEAD_DIM, dqa_layout)
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(DQ_STAGES):
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
+    fence_async_shared()
+
+    lo = start_n // BLOCK_M if IS_CAUSAL else 0  # query tiles that see any of these keys
+    n_end = seqlen // BLOCK_M
+    # the argument tuples are written out in the call (a named tuple turns constexprs into tensors)
+    gl.warp_specialize([
+        (_ws_bwd_compute, (LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar,
+                           ready, empty, dq_full, dq_empty, bh, row0, col, start_n, lo, n_end, seqlen, qk_scale,
+                           sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL)),
+        (_ws_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty,
+                          row0, col, start_n, lo, n_end, BLOCK_M, STAGES)),
+        (_ws_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M, DQ_STAGES))],
+        [1, 1], [24, 24])
+
+
 BLOCK_N, WARPS = 128, 8
 # (BLOCK_M queries per step, STAGES of the Q / dO ring, dQ through the TMA reduce rather than atomics)
 CONFIGS = [(64, 2, False), (64, 2, True), (32, 3, False), (32, 3, True)]
@@ -229,6 +421,43 @@ def gluon_backward(do, q, k, v, o, lse2, causal: bool, config=CONFIGS[0]):
     return (dqa * scale).to(q.dtype), dk, dv
 
 
+# ws: (BLOCK_M queries per step, STAGES of the Q / dO ring, DQ_STAGES of the dQ ring); dQ always by the TMA reduce
+WS_CONFIGS = [(64, 2, 2), (32, 3, 2)]
+ALL_CONFIGS = CONFIGS + [("ws", *c) for c in WS_CONFIGS]
+
+
+def gluon_backward_ws(do, q, k, v, o, lse2, causal: bool, config=WS_CONFIGS[0]):
+    """As gluon_backward, with the warp-specialised kernel; config (BLOCK_M, STAGES, DQ_STAGES)."""
+    import kernels.flash as F
+
+    block_m, stages, dq_stages = config
+    batch, seqlen, nheads, head_dim = q.shape
+    if head_dim not in (64, 128) or seqlen % BLOCK_N or q.dtype != torch.bfloat16:
+        raise ValueError(f"bf16, head dim 64 or 128, seqlen a multiple of {BLOCK_N}; got {q.shape} {q.dtype}")
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    F._ensure_tma_allocator()
+    delta = F.bwd_preprocess(o, do)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dqa = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(head_dim)
+    _attn_bwd_ws[(seqlen // BLOCK_N, batch * nheads)](
+        q, k, v, do, dk, dv, dqa, lse2.contiguous(), delta, batch * seqlen, seqlen, nheads, scale * LOG2E, scale,
+        head_dim, block_m, BLOCK_N, stages, dq_stages, causal, **ws_layouts(head_dim, block_m), num_warps=WARPS)
+    return (dqa * scale).to(q.dtype), dk, dv
+
+
+def ws_layouts(head_dim: int, block_m: int) -> dict:
+    """The shared layouts `_attn_bwd_ws` takes (its compute partition builds the register ones itself)."""
+    lay = layouts(head_dim, block_m, True)
+    return {name: lay[name] for name in ("q_layout", "kv_layout", "ds_layout", "dqa_layout")}
+
+
+def run_config(do, q, k, v, o, lse2, causal, cfg):
+    if cfg[0] == "ws":
+        return gluon_backward_ws(do, q, k, v, o, lse2, causal, cfg[1:])
+    return gluon_backward(do, q, k, v, o, lse2, causal, cfg)
+
+
 def compile_report():
     """sm_90 compile on the CPU (scripts/kernel_resources.py's `resources`): registers, spills and shared memory per
     config, head dim and causality."""
@@ -243,6 +472,13 @@ def compile_report():
                 r = resources(_attn_bwd, consts, WARPS, stages)
                 print(f"hd {head_dim} causal {causal} (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} warps, stages "
                       f"{stages}, dQ {'TMA reduce' if dq_tma else 'atomics'}): regs {r['regs']}, spill stack "
+                      f"{r['stack']} B, smem {r['smem']} B", flush=True)
+            for block_m, stages, dq_stages in WS_CONFIGS:
+                consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
+                              IS_CAUSAL=causal, **ws_layouts(head_dim, block_m))
+                r = resources(_attn_bwd_ws, consts, WARPS, stages)
+                print(f"hd {head_dim} causal {causal} ws (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} compute warps "
+                      f"+ loader + dQ writer, stages {stages}, dQ stages {dq_stages}): regs {r['regs']}, spill stack "
                       f"{r['stack']} B, smem {r['smem']} B", flush=True)
 
 
@@ -268,9 +504,9 @@ def check():
                 ref_in = [x.double().requires_grad_() for x in (q, k, v)]
                 ref = torch.autograd.grad(standard_attention(*ref_in, causal=causal), ref_in, do.double())
                 ours = F._flash_bwd(do, q, k, v, o, lse2, seed, scale, causal, 0.0, False, None, None, seqlen, seqlen)
-                for cfg in CONFIGS:
+                for cfg in ALL_CONFIGS:
                     try:
-                        got = gluon_backward(do, q, k, v, o, lse2, causal, cfg)
+                        got = run_config(do, q, k, v, o, lse2, causal, cfg)
                         torch.cuda.synchronize()
                     except Exception as e:  # noqa: BLE001 (say so, go on)
                         print(f"hd {head_dim} causal {causal} n {seqlen} (BLOCK_M, STAGES, DQ_TMA) {cfg}: WRONG, raised "
@@ -310,8 +546,8 @@ def bench():
         ours = do_bench(lambda: F._flash_bwd(do, q, k, v, o, lse2, seed, scale, causal, 0.0, False, None, None,
                                              seqlen, seqlen))
         cells = []
-        for cfg in CONFIGS:
-            ms = do_bench(lambda: gluon_backward(do, q, k, v, o, lse2, causal, cfg))
+        for cfg in ALL_CONFIGS:
+            ms = do_bench(lambda: run_config(do, q, k, v, o, lse2, causal, cfg))
             cells.append(f"{cfg} {ms:.3f} ms ({flops / ms * 1e-9:.0f} TF/s, x{ours / ms:.2f} ours, "
                          f"x{cudnn / ms:.2f} cuDNN)")
         print(f"hd {head_dim} n {seqlen} causal {causal}: ours {ours:.3f} ms ({flops / ours * 1e-9:.0f}), "
