@@ -6,17 +6,13 @@ and that it compiles for sm_90 without spills (the interpreter cannot run Gluon)
 and the gradients of the backward that reads them against float64, bounded as in test_flash.py; against the
 `@triton.jit` forward on the same inputs; reruns bit-identical; packed-qkv views; the automatic choice.
 """
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import kernels.flash as F
 from tests.test_flash_ws import WS_GPU, _qkv, check_ws
-from tests.test_kernel_resources import ROOT, needs_cuobjdump
+from tests.test_kernel_resources import compile_sm90, needs_cuobjdump
 
 gluon_gpu = pytest.mark.skipif(not (WS_GPU and F._GLUON_TRITON), reason="needs an sm_90 GPU and Triton 3.6")
 
@@ -105,21 +101,13 @@ def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
 
 
 def _compile_gluon_sm90(dtype: str, causal: bool) -> dict:
-    """resources(kernels.flash_gluon._fwd_kernel) for sm_90 in a fresh process (this suite runs the interpreter)."""
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); import kernel_resources as R; "
-            "import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
-            f"dt = gl.{dtype}; "
-            "lay = lambda r: gl.NVMMASharedLayout.get_default_for([r, G.HEAD_DIM], dt); "
-            f"consts = dict(HEAD_DIM=G.HEAD_DIM, BLOCK_M=G.BLOCK_M, BLOCK_N=G.BLOCK_N, STAGES=G.STAGES, "
-            f"IS_CAUSAL={causal}, q_layout=lay(G.BLOCK_M // 2), kv_layout=lay(G.BLOCK_N), "
-            "CONSUMER_REGS=G.CONSUMER_REGS); "
-            "r = R.resources(G._fwd_kernel, consts, 4, G.STAGES, sass=True); "
-            "print(json.dumps({**r, 'ops': dict(r['ops'])}))")
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """resources(kernels.flash_gluon._fwd_kernel) for sm_90, with the launcher's constexprs."""
+    setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
+             f"lay = lambda r: gl.NVMMASharedLayout.get_default_for([r, G.HEAD_DIM], gl.{dtype})")
+    consts = ("dict(HEAD_DIM=G.HEAD_DIM, BLOCK_M=G.BLOCK_M, BLOCK_N=G.BLOCK_N, STAGES=G.STAGES, "
+              f"IS_CAUSAL={causal}, q_layout=lay(G.BLOCK_M // 2), kv_layout=lay(G.BLOCK_N), "
+              "CONSUMER_REGS=G.CONSUMER_REGS)")
+    return compile_sm90("G._fwd_kernel", consts, 4, 3, setup)
 
 
 @needs_cuobjdump

@@ -14,17 +14,23 @@ TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 needs_cuobjdump = pytest.mark.skipif(not os.path.exists(TOOL), reason="triton wheel without cuobjdump")
 
 
-def _compile_sm90(kernel: str, consts: dict, warps: int, stages: int) -> dict:
-    """resources(kernels.flash.<kernel>, consts, ...) in a fresh process: compiling needs real @triton.jit
-    functions, not the interpreter's stand-ins this suite runs with."""
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); import kernel_resources as R, kernels.flash as F; "
-            f"r = R.resources(F.{kernel}, {consts!r}, {warps}, {stages}, sass=True); "
+def compile_sm90(kernel: str, consts: str, warps: int, stages: int, setup: str = "import kernels.flash as F") -> dict:
+    """resources(<kernel>, <consts>, ...) in a fresh process, kernel and consts being Python expressions evaluated
+    after `setup`: compiling needs real @triton.jit / @gluon.jit functions, not the interpreter's stand-ins this
+    suite runs with."""
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import kernel_resources as R; " + setup + "; "
+            f"r = R.resources({kernel}, {consts}, {warps}, {stages}, sass=True); "
             "print(json.dumps({**r, 'ops': dict(r['ops'])}))")
     env = dict(os.environ, TRITON_INTERPRET="0")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _compile_sm90(kernel: str, consts: dict, warps: int, stages: int) -> dict:
+    """compile_sm90 of kernels.flash.<kernel>."""
+    return compile_sm90(f"F.{kernel}", repr(consts), warps, stages)
 
 
 @needs_cuobjdump

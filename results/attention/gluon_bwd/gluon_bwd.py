@@ -69,6 +69,37 @@ def _load_qdo(q_desc, do_desc, q_smem, do_smem, bars, tile, slot, row0, col, n_e
 
 
 @gluon.jit
+def _bwd_tile(k_smem, v_smem, q_s, do_s, ds_smem, LSE, DELTA, stat_base, i, start_n, keys, qcols, st_init, dq_init, dv,
+              dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, DQ_T: gl.constexpr):
+    """One query tile i against this program's keys: the five wgmma and the softmax between them. Returns dV and dK
+    accumulated, and this tile's dQ (dQ^T when DQ_T), all waited for."""
+    dtype: gl.constexpr = q_s.dtype
+    st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+    dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+    queries = i * BLOCK_M + qcols
+    lse = gl.load(LSE + stat_base + queries)
+    delta = gl.load(DELTA + stat_base + queries)
+    st = warpgroup_mma_wait(1, (st_tok,))
+    pt = gl.exp2(st * qk_scale - lse[None, :])
+    if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
+        if i * BLOCK_M < start_n + BLOCK_N:
+            pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+    dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
+    dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
+    dst = (pt * (dpt - delta[None, :])).to(dtype)
+    dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+    ds_smem.store(dst)
+    fence_async_shared()
+    if DQ_T:
+        dq_tok = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, dq_init, use_acc=False, is_async=True)
+    else:
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
+    return dv, dk, dq
+
+
+@gluon.jit
 def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, qk_scale, sm_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr, ds_layout: gl.constexpr,
@@ -137,29 +168,9 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
         t = i - lo
         slot = t % STAGES
         mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
-        q_s = q_smem.index(slot)
-        do_s = do_smem.index(slot)
-        st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
-        dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
-        queries = i * BLOCK_M + qcols
-        lse = gl.load(LSE + stat_base + queries)
-        delta = gl.load(DELTA + stat_base + queries)
-        st = warpgroup_mma_wait(1, (st_tok,))
-        pt = gl.exp2(st * qk_scale - lse[None, :])
-        if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
-            if i * BLOCK_M < start_n + BLOCK_N:
-                pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-        dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
-        dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
-        dst = (pt * (dpt - delta[None, :])).to(dtype)
-        dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
-        ds_smem.store(dst)
-        fence_async_shared()
-        if DQ_T:
-            dq_tok = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, dq_init, use_acc=False, is_async=True)
-        else:
-            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
-        dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
+        dv, dk, dq = _bwd_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, LSE, DELTA, stat_base,
+                               i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M,
+                               BLOCK_N, IS_CAUSAL, DQ_T)
         _load_qdo(q_desc, do_desc, q_smem, do_smem, bars, i + STAGES, slot, row0, col, n_end, BLOCK_M, TILE_BYTES)
         if DQ_TMA:
             if DQ_T:
@@ -279,29 +290,9 @@ def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sme
         t = i - lo
         slot = t % STAGES
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        q_s = q_smem.index(slot)
-        do_s = do_smem.index(slot)
-        st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
-        dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
-        queries = i * BLOCK_M + qcols
-        lse = gl.load(LSE + stat_base + queries)
-        delta = gl.load(DELTA + stat_base + queries)
-        st = warpgroup_mma_wait(1, (st_tok,))
-        pt = gl.exp2(st * qk_scale - lse[None, :])
-        if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
-            if i * BLOCK_M < start_n + BLOCK_N:
-                pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-        dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
-        dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
-        dst = (pt * (dpt - delta[None, :])).to(dtype)
-        dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
-        ds_smem.store(dst)
-        fence_async_shared()
-        if DQ_T:
-            dq_tok = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, dq_init, use_acc=False, is_async=True)
-        else:
-            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
-        dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
+        dv, dk, dq = _bwd_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, LSE, DELTA, stat_base,
+                               i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M,
+                               BLOCK_N, IS_CAUSAL, DQ_T)
         mbarrier.arrive(empty.index(slot))  # Q_i and dO_i are read: the loader may refill the slot
         s = t % DQ_STAGES
         mbarrier.wait(dq_empty.index(s), ((t // DQ_STAGES) & 1) ^ 1)

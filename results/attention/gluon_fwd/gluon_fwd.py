@@ -17,9 +17,11 @@ What the sm_90 compile shows (CPU, `compile` and README.md): no spills at any co
 wait right after the first, before the softmax's exponentials, whatever the source order (P in registers or in
 shared memory, with or without the row-max shuffles). So the overlap within a warpgroup does not survive ptxas;
 what overlaps is one warpgroup's softmax with the other's matmuls, as FlashAttention-3's authors say of theirs
-(flash-attention issue #1764), which orders the two with named barriers (ping-pong). Variant "ws"
-(`_attn_fwd_ws`) does that: a loader warp and two consumer warpgroups that take turns through mbarriers (its
-protocol is simulated on the CPU in protocol_sim.py).
+(flash-attention issue #1764), which orders the two with named barriers (ping-pong). Variant "ws" does that: a
+loader warp and two consumer warpgroups that take turns through mbarriers (its protocol is simulated on the CPU in
+protocol_sim.py). It won on the H100 (README.md) and ships as kernels/flash_gluon.py, whose `_fwd_kernel` this file
+now runs as "ws" (session 24's measurements ran this file's own copy of it, at 817f37a: the same kernel without
+GQA and row strides).
 
 Scope: dense self-attention, (batch, seqlen, heads, head_dim) contiguous bf16, head dim 64 or 128, seqlen a
 multiple of the tiles, causal or not, no dropout. Not wired into kernels/: a device A/B decides whether the
@@ -40,42 +42,16 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
+from kernels.flash_gluon import _fwd_kernel as _attn_fwd_ws, _head_tiles, _softmax_tile  # noqa: E402
+
 LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_layout: gl.constexpr):
-    """Online softmax of one score tile (float32, s_layout): (P unnormalised, new row max, new row sum, alpha)."""
-    if MASK:  # the tile crosses the diagonal: key j is visible to query i iff j <= i
-        cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
-        s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, m_new, l_i, alpha
-
-
-@gluon.jit
 def head_tiles(ptr, total_rows, nheads, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, layout: gl.constexpr):
-    """TMA descriptor of (batch, seqlen, nheads, HEAD_DIM) contiguous data viewed as (batch * seqlen, nheads *
-    HEAD_DIM), in blocks of BLOCK rows by one head: block [row, h * HEAD_DIM] is rows row.. of head h."""
-    width = nheads * HEAD_DIM
-    return tma.make_tensor_descriptor(ptr, [total_rows, width], [width, 1], [BLOCK, HEAD_DIM], layout)
-
-
-@gluon.jit
-def _softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, past_diagonal, IS_CAUSAL: gl.constexpr,
-                  s_layout: gl.constexpr):
-    """_softmax_step with the causal mask only where the tile reaches past the diagonal (a runtime test)."""
-    if IS_CAUSAL:
-        if past_diagonal:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, True, s_layout)
-        else:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout)
-    else:
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout)
-    return p, m_i, l_i, alpha
+    """TMA descriptor of contiguous (batch, seqlen, nheads, HEAD_DIM) data in blocks of BLOCK rows by one head
+    (kernels.flash_gluon._head_tiles with rows nheads * HEAD_DIM apart)."""
+    return _head_tiles(ptr, total_rows, nheads * HEAD_DIM, nheads, BLOCK, HEAD_DIM, layout)
 
 
 @gluon.jit
@@ -187,183 +163,6 @@ def _attn_fwd(Q, K, V, O, LSE, total_rows, seqlen, nheads, qk_scale,
     gl.store(LSE + bh.to(gl.int64) * seqlen + rows, m_i + gl.log2(l_i))
     tma.store_wait(0)
 
-# ---- Variant WS: FlashAttention-3's partitions. A loader warp owns the TMA copies; two consumer warpgroups take 64
-# query rows each and take turns issuing their wgmma (ping-pong, two mbarriers), so that one's softmax runs while
-# the other's matmuls do. K/V slots are freed by both consumers (count 2) before the loader refills them.
-
-
-@gluon.constexpr_function
-def _wgmma_acc_layout(warps, n):
-    """A wgmma accumulator's layout, one warp per 16 rows (partitions build theirs: layouts do not pass through
-    warp_specialize's arguments)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16])
-
-
-@gluon.constexpr_function
-def _wgmma_lhs_layout(warps, n):
-    """The register operand (bf16 P) of a wgmma whose accumulator has _wgmma_acc_layout(warps, n)."""
-    return gl.DotOperandLayout(operand_index=0, parent=_wgmma_acc_layout(warps, n), k_width=2)
-
-
-@gluon.jit
-def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, row0, kv_row0, col,
-               n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-    # each partition derives its constexprs from the kernel's parameters
-    SUB_M: gl.constexpr = BLOCK_M // 2
-    KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
-    Q_BYTES: gl.constexpr = SUB_M * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
-    for w in gl.static_range(2):
-        mbarrier.expect(q_bars.index(w), Q_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [row0 + w * SUB_M, col], q_bars.index(w), q_smem.index(w))
-    for j in range(n_tiles):
-        slot = j % STAGES
-        mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        mbarrier.expect(k_ready.index(slot), KV_BYTES)
-        tma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, col], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.expect(v_ready.index(slot), KV_BYTES)
-        tma.async_copy_global_to_shared(v_desc, [kv_row0 + j * BLOCK_N, col], v_ready.index(slot), v_smem.index(slot))
-
-
-@gluon.jit
-def _ws_consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns,
-                 row0, col, lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    SUB_M: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = _wgmma_acc_layout(4, BLOCK_N)
-    o_layout: gl.constexpr = _wgmma_acc_layout(4, HEAD_DIM)
-    p_layout: gl.constexpr = _wgmma_lhs_layout(4, HEAD_DIM)
-    my_q = q_smem.index(W)
-    my_turn = turns.index(W)
-    other_turn = turns.index(1 - W)
-    rows = start_m + W * SUB_M + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
-    m_i = gl.full([SUB_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([SUB_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([SUB_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_init = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bars.index(W), 0)
-
-    # round 0: S(0) alone
-    mbarrier.wait(k_ready.index(0), 0)
-    mbarrier.wait(my_turn, 0)
-    s_tok = warpgroup_mma(my_q, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    mbarrier.arrive(other_turn)
-    s = warpgroup_mma_wait(0, (s_tok,))
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-    # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
-    for j in range(1, n_tiles):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        mbarrier.wait(my_turn, j & 1)
-        s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        mbarrier.arrive(other_turn)
-        s = warpgroup_mma_wait(1, (s_tok,))
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full, IS_CAUSAL,
-                                           s_layout)
-        acc = warpgroup_mma_wait(0, (acc_tok,))
-        mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-    # round n: P(n-1) V(n-1)
-    last = (n_tiles - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    mbarrier.wait(my_turn, n_tiles & 1)
-    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    mbarrier.arrive(other_turn)
-    acc = warpgroup_mma_wait(0, (acc_tok,))
-    mbarrier.arrive(kv_empty.index(last))
-
-    acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-    my_q.store(acc.to(dtype))  # this warpgroup's Q tile is no longer read: it takes O on the way out
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [row0 + W * SUB_M, col], my_q)
-    gl.store(LSE + lse_row0 + rows, m_i + gl.log2(l_i))
-    tma.store_wait(0)
-
-
-@gluon.jit
-def _ws_consumer0(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
-                  lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    _ws_consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
-                 lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)
-
-
-@gluon.jit
-def _ws_consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
-                  lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    _ws_consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
-                 lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)
-
-
-@gluon.jit
-def _attn_fwd_ws(Q, K, V, O, LSE, total_rows, seqlen, nheads, qk_scale,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    SUB_M: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = Q.dtype.element_ty
-    KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8
-    Q_BYTES: gl.constexpr = SUB_M * HEAD_DIM * dtype.primitive_bitwidth // 8
-    pid_m = gl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1)
-    b = bh // nheads
-    h = bh % nheads
-    col = h * HEAD_DIM
-    kv_row0 = b * seqlen
-    start_m = pid_m * BLOCK_M
-    q_desc = head_tiles(Q, total_rows, nheads, SUB_M, HEAD_DIM, q_layout)
-    k_desc = head_tiles(K, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    v_desc = head_tiles(V, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    o_desc = head_tiles(O, total_rows, nheads, SUB_M, HEAD_DIM, q_layout)
-
-    q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_DIM], q_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(turns.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)
-    mbarrier.arrive(turns.index(0))  # consumer 0 issues first
-    fence_async_shared()
-
-    if IS_CAUSAL:
-        n_tiles = gl.cdiv(start_m + BLOCK_M, BLOCK_N)
-        n_full = (start_m + 1) // BLOCK_N
-    else:
-        n_tiles = seqlen // BLOCK_N
-        n_full = n_tiles
-    row0 = kv_row0 + start_m
-    lse_row0 = bh.to(gl.int64) * seqlen
-    # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
-    # tensors on the way into the partitions
-    gl.warp_specialize([
-        (_ws_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
-                         lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)),
-        (_ws_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, row0, col,
-                         lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)),
-        (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, row0,
-                      kv_row0, col, n_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES))],
-        [4, 1], [CONSUMER_REGS, 24])
-
-
 def layouts(head_dim: int, block_m: int, block_n: int, warps: int, dtype=gl.bfloat16) -> dict:
     """The kernel's layout constexprs for a (block_m, head_dim) query tile computed by `warps` warps (one per 16
     rows: warps / 4 warpgroups of 64 rows): shared (TMA + wgmma operands) and the wgmma accumulators'."""
@@ -404,9 +203,11 @@ def gluon_attention(q, k, v, causal: bool, config=CONFIGS[0]):
     _ensure_tma_allocator()
     o = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen, dtype=torch.float32, device=q.device)
+    # the shipped ws kernel also takes the GQA group and the row strides
+    shape_args = (nheads,) if variant == "plain" else (nheads, 1, q.stride(1), k.stride(1), v.stride(1))
     kernel[(seqlen // block_m, batch * nheads)](
-        q, k, v, o, lse, batch * seqlen, seqlen, nheads, LOG2E / math.sqrt(head_dim), head_dim, block_m, block_n,
-        stages, causal, **extra(head_dim, block_m, block_n, warps), num_warps=warps)
+        q, k, v, o, lse, batch * seqlen, seqlen, *shape_args, LOG2E / math.sqrt(head_dim), head_dim, block_m,
+        block_n, stages, causal, **extra(head_dim, block_m, block_n, warps), num_warps=warps)
     return o, lse
 
 
