@@ -177,3 +177,43 @@ def test_gpu_gluon_chosen_automatically():
     lse = torch.empty(1, 4, 2048, device="cuda")
     gluon_forward(q, k, v, o, lse, 128 ** -0.5 * F.LOG2E, True)
     assert torch.equal(F.flash_attn_func(q, k, v, causal=True), o)
+
+
+@pytest.mark.gpu
+@gluon_gpu
+def test_gpu_gluon_under_cuda_graph_and_compile():
+    """The Gluon forward builds its TMA descriptors on the device in scratch from Triton's allocator: a captured
+    CUDA graph replays it on new inputs, and torch.compile(fullgraph=True) traces the custom op around it; both
+    give the eager result, with the gradients the backward computes from its LSE."""
+    q, k, v = (x.requires_grad_() for x in _qkv(1, 2048, 2048, 4, 2, 128, torch.bfloat16, "cuda"))
+    assert _why(q, k, v, causal=True) is None
+    do = torch.randn_like(q)
+
+    def step(q, k, v):
+        out = F.flash_attn_func(q, k, v, causal=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), do))
+
+    eager = step(q, k, v)
+    out = torch.compile(lambda q, k, v: F.flash_attn_func(q, k, v, causal=True), fullgraph=True)(q, k, v)
+    compiled = (out, *torch.autograd.grad(out, (q, k, v), do))
+    for a, b in zip(compiled, eager):
+        assert torch.equal(a, b)
+
+    static = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    with torch.no_grad():
+        for x in static:
+            x.zero_()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(*static)  # warm-up launches outside the capture (compiles, allocator installed)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(*static)
+    with torch.no_grad():
+        for x, src in zip(static, (q, k, v)):
+            x.copy_(src)
+    graph.replay()
+    for a, b in zip(captured, eager):
+        assert torch.equal(a, b)
