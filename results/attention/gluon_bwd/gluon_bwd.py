@@ -69,25 +69,30 @@ def _load_qdo(q_desc, do_desc, q_smem, do_smem, bars, tile, slot, row0, col, n_e
 
 
 @gluon.jit
-def _bwd_tile(k_smem, v_smem, q_s, do_s, ds_smem, LSE, DELTA, stat_base, i, start_n, keys, qcols, st_init, dq_init, dv,
-              dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, DQ_T: gl.constexpr):
+def _bwd_tile(k_smem, v_smem, q_s, do_s, ds_smem, LSE, DELTA, stat_base, lse_s, delta_s, i, start_n, keys, qcols,
+              st_init, dq_init, dv, dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_T: gl.constexpr, STATS_SMEM: gl.constexpr):
     """One query tile i against this program's keys: the five wgmma and the softmax between them. Returns dV and dK
-    accumulated, and this tile's dQ (dQ^T when DQ_T), all waited for."""
+    accumulated, and this tile's dQ (dQ^T when DQ_T), all waited for. The tile's LSE and delta come from global
+    memory, or with STATS_SMEM from the shared tiles lse_s, delta_s that the loader warp filled."""
     dtype: gl.constexpr = q_s.dtype
     st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     queries = i * BLOCK_M + qcols
-    lse = gl.load(LSE + stat_base + queries)
-    delta = gl.load(DELTA + stat_base + queries)
+    if STATS_SMEM:  # (1, BLOCK_M) tiles, read straight into the scores' layout
+        lse = lse_s.load(st_init.type.layout)
+        delta = delta_s.load(st_init.type.layout)
+    else:
+        lse = gl.load(LSE + stat_base + queries)[None, :]
+        delta = gl.load(DELTA + stat_base + queries)[None, :]
     st = warpgroup_mma_wait(1, (st_tok,))
-    pt = gl.exp2(st * qk_scale - lse[None, :])
+    pt = gl.exp2(st * qk_scale - lse)
     if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
         if i * BLOCK_M < start_n + BLOCK_N:
             pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
     dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
     dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
-    dst = (pt * (dpt - delta[None, :])).to(dtype)
+    dst = (pt * (dpt - delta)).to(dtype)
     dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
     ds_smem.store(dst)
     fence_async_shared()
@@ -169,8 +174,8 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
         slot = t % STAGES
         mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
         dv, dk, dq = _bwd_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, LSE, DELTA, stat_base,
-                               i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M,
-                               BLOCK_N, IS_CAUSAL, DQ_T)
+                               0, 0, i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M,
+                               BLOCK_N, IS_CAUSAL, DQ_T, False)
         _load_qdo(q_desc, do_desc, q_smem, do_smem, bars, i + STAGES, slot, row0, col, n_end, BLOCK_M, TILE_BYTES)
         if DQ_TMA:
             if DQ_T:
@@ -234,9 +239,16 @@ def _dq_layout(warps, head_dim, block_m):
                                      instr_shape=[16, head_dim // (warps // 4), 16])
 
 
+@gluon.constexpr_function
+def _row_layout(n):
+    """A (1, n) row over one warp's 32 threads (the loader's LSE and delta tiles)."""
+    return gl.BlockedLayout([1, max(n // 32, 1)], [1, 32], [1, 1], [1, 0])
+
+
 @gluon.jit
-def _ws_bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, row0, col,
-                   start_n, lo, n_end, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+def _ws_bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE, DELTA,
+                   lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M: gl.constexpr,
+                   STAGES: gl.constexpr, STATS_SMEM: gl.constexpr):
     TILE_BYTES: gl.constexpr = q_smem.shape[1] * q_smem.shape[2] * q_smem.dtype.primitive_bitwidth // 8
     KV_BYTES: gl.constexpr = k_smem.shape[0] * k_smem.shape[1] * k_smem.dtype.primitive_bitwidth // 8
     mbarrier.expect(kv_bar, 2 * KV_BYTES)
@@ -246,6 +258,10 @@ def _ws_bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_s
         t = i - lo
         slot = t % STAGES
         mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
+        if STATS_SMEM:  # stored before the expect's arrive, which releases them to the compute warps with the tile
+            offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
+            lse_smem.index(slot).store(gl.load(LSE + stat_base + offs))
+            delta_smem.index(slot).store(gl.load(DELTA + stat_base + offs))
         mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
         tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot), q_smem.index(slot))
         tma.async_copy_global_to_shared(do_desc, [row0 + i * BLOCK_M, col], ready.index(slot), do_smem.index(slot))
@@ -264,10 +280,11 @@ def _ws_bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end
 
 
 @gluon.jit
-def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
-                    empty, dq_full, dq_empty, bh, row0, col, start_n, lo, n_end, seqlen, qk_scale, sm_scale,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                    delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo, n_end,
+                    qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                    STATS_SMEM: gl.constexpr):
     dtype: gl.constexpr = q_smem.dtype
     DQ_T: gl.constexpr = BLOCK_M < 64
     st_layout: gl.constexpr = _acc_layout(8, BLOCK_M)
@@ -276,7 +293,6 @@ def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sme
     dq_layout: gl.constexpr = _dq_layout(8, HEAD_DIM, BLOCK_M)
     keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-    stat_base = bh.to(gl.int64) * seqlen
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
     st_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
@@ -291,8 +307,8 @@ def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sme
         slot = t % STAGES
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         dv, dk, dq = _bwd_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, LSE, DELTA, stat_base,
-                               i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M,
-                               BLOCK_N, IS_CAUSAL, DQ_T)
+                               lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init, dq_init,
+                               dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, IS_CAUSAL, DQ_T, STATS_SMEM)
         mbarrier.arrive(empty.index(slot))  # Q_i and dO_i are read: the loader may refill the slot
         s = t % DQ_STAGES
         mbarrier.wait(dq_empty.index(s), ((t // DQ_STAGES) & 1) ^ 1)
@@ -315,7 +331,7 @@ def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sme
 def _attn_bwd_ws(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, qk_scale, sm_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
-                 ds_layout: gl.constexpr, dqa_layout: gl.constexpr):
+                 ds_layout: gl.constexpr, dqa_layout: gl.constexpr, STATS_SMEM: gl.constexpr):
     dtype: gl.constexpr = Q.dtype.element_ty
     pid_n = gl.program_id(0)
     bh = gl.program_id(1)
@@ -338,6 +354,9 @@ def _attn_bwd_ws(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nhead
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_layout)
+    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)  # (1, BLOCK_M) per slot
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -354,13 +373,16 @@ def _attn_bwd_ws(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nhead
 
     lo = start_n // BLOCK_M if IS_CAUSAL else 0  # query tiles that see any of these keys
     n_end = seqlen // BLOCK_M
+    stat_base = bh.to(gl.int64) * seqlen
     # the argument tuples are written out in the call (a named tuple turns constexprs into tensors)
     gl.warp_specialize([
-        (_ws_bwd_compute, (LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar,
-                           ready, empty, dq_full, dq_empty, bh, row0, col, start_n, lo, n_end, seqlen, qk_scale,
-                           sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL)),
-        (_ws_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty,
-                          row0, col, start_n, lo, n_end, BLOCK_M, STAGES)),
+        (_ws_bwd_compute, (LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                           delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo,
+                           n_end, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL,
+                           STATS_SMEM)),
+        (_ws_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE,
+                          DELTA, lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M, STAGES,
+                          STATS_SMEM)),
         (_ws_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M, DQ_STAGES))],
         [1, 1], [24, 24])
 
@@ -412,16 +434,17 @@ def gluon_backward(do, q, k, v, o, lse2, causal: bool, config=CONFIGS[0]):
     return (dqa * scale).to(q.dtype), dk, dv
 
 
-# ws: (BLOCK_M queries per step, STAGES of the Q / dO ring, DQ_STAGES of the dQ ring); dQ always by the TMA reduce
-WS_CONFIGS = [(64, 2, 2), (32, 3, 2)]
+# ws: (BLOCK_M queries per step, STAGES of the Q / dO ring, DQ_STAGES of the dQ ring, LSE and delta through shared
+# memory by the loader warp rather than loaded by the compute warps); dQ always by the TMA reduce
+WS_CONFIGS = [(64, 2, 2, True), (32, 3, 2, True), (32, 3, 2, False)]
 ALL_CONFIGS = CONFIGS + [("ws", *c) for c in WS_CONFIGS]
 
 
 def gluon_backward_ws(do, q, k, v, o, lse2, causal: bool, config=WS_CONFIGS[0]):
-    """As gluon_backward, with the warp-specialised kernel; config (BLOCK_M, STAGES, DQ_STAGES)."""
+    """As gluon_backward, with the warp-specialised kernel; config (BLOCK_M, STAGES, DQ_STAGES, STATS_SMEM)."""
     import kernels.flash as F
 
-    block_m, stages, dq_stages = config
+    block_m, stages, dq_stages, stats_smem = config
     batch, seqlen, nheads, head_dim = q.shape
     if head_dim not in (64, 128) or seqlen % BLOCK_N or q.dtype != torch.bfloat16:
         raise ValueError(f"bf16, head dim 64 or 128, seqlen a multiple of {BLOCK_N}; got {q.shape} {q.dtype}")
@@ -433,7 +456,8 @@ def gluon_backward_ws(do, q, k, v, o, lse2, causal: bool, config=WS_CONFIGS[0]):
     scale = 1.0 / math.sqrt(head_dim)
     _attn_bwd_ws[(seqlen // BLOCK_N, batch * nheads)](
         q, k, v, do, dk, dv, dqa, lse2.contiguous(), delta, batch * seqlen, seqlen, nheads, scale * LOG2E, scale,
-        head_dim, block_m, BLOCK_N, stages, dq_stages, causal, **ws_layouts(head_dim, block_m), num_warps=WARPS)
+        head_dim, block_m, BLOCK_N, stages, dq_stages, causal, **ws_layouts(head_dim, block_m), STATS_SMEM=stats_smem,
+        num_warps=WARPS)
     return (dqa * scale).to(q.dtype), dk, dv
 
 
@@ -464,12 +488,13 @@ def compile_report():
                 print(f"hd {head_dim} causal {causal} (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} warps, stages "
                       f"{stages}, dQ {'TMA reduce' if dq_tma else 'atomics'}): regs {r['regs']}, spill stack "
                       f"{r['stack']} B, smem {r['smem']} B", flush=True)
-            for block_m, stages, dq_stages in WS_CONFIGS:
+            for block_m, stages, dq_stages, stats_smem in WS_CONFIGS:
                 consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
-                              IS_CAUSAL=causal, **ws_layouts(head_dim, block_m))
+                              IS_CAUSAL=causal, STATS_SMEM=stats_smem, **ws_layouts(head_dim, block_m))
                 r = resources(_attn_bwd_ws, consts, WARPS, stages)
                 print(f"hd {head_dim} causal {causal} ws (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} compute warps "
-                      f"+ loader + dQ writer, stages {stages}, dQ stages {dq_stages}): regs {r['regs']}, spill stack "
+                      f"+ loader + dQ writer, stages {stages}, dQ stages {dq_stages}, LSE/delta "
+                      f"{'by the loader' if stats_smem else 'by the compute warps'}): regs {r['regs']}, spill stack "
                       f"{r['stack']} B, smem {r['smem']} B", flush=True)
 
 
