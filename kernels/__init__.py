@@ -1,6 +1,7 @@
 """IO-aware exact attention kernels behind one interface.
 
-- `flash_attn_func`, `flash_attn_varlen_func`: the fused Triton FlashAttention kernel (kernels/flash.py).
+- `flash_attn_func`, `flash_attn_varlen_func`: the fused Triton FlashAttention kernel (kernels/flash.py; on Hopper
+  its head-dim-128 forward is the Gluon kernel of kernels/flash_gluon.py).
 - `blocksparse_attn_func`, `blocksparse_attn_varlen_func` and the sparsity patterns: block-sparse FlashAttention (kernels/blocksparse.py).
 - `ring_attn_func`: ring attention, one sequence split over the ranks of a process group (kernels/ring.py).
 - `standard_attention`: the plain-PyTorch baseline and test reference (kernels/standard.py).
