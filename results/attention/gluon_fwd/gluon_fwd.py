@@ -28,8 +28,8 @@ multiple of the tiles, causal or not, no dropout. Not wired into kernels/: a dev
 route is worth the features.
 
     python results/attention/gluon_fwd/gluon_fwd.py compile    # CPU: compiles for sm_90, registers / spills / smem
-    python results/attention/gluon_fwd/gluon_fwd.py check [plain|ws]   # GPU: against float64 attention and ours
-    python results/attention/gluon_fwd/gluon_fwd.py bench [plain ws]   # GPU: forward ms against ours and cuDNN
+    python results/attention/gluon_fwd/gluon_fwd.py check [plain|ws] [hd256]  # GPU: against float64 attention and ours
+    python results/attention/gluon_fwd/gluon_fwd.py bench [plain ws] [hd256]  # GPU: forward ms against ours, FA2, cuDNN
 """
 import math
 import sys
@@ -185,6 +185,13 @@ VARIANTS = {
                                    CONSUMER_REGS=240)),
 }
 CONFIGS = [(variant, cfg) for variant, (_, cfgs, _) in VARIANTS.items() for cfg in cfgs]
+# Head dim 256 (session 24, compiled, not yet run): the ws kernel with 64-key tiles and 2 stages, the one config that
+# fits shared memory (197 KB) without spills; (128, 128, 2) spills and needs 328 KB.
+CONFIGS_256 = [("ws", (128, 64, 2, 4))]
+
+
+def configs_for(head_dim: int, variants) -> list:
+    return [c for c in (CONFIGS_256 if head_dim == 256 else CONFIGS) if c[0] in variants]
 
 
 def gluon_attention(q, k, v, causal: bool, config=CONFIGS[0]):
@@ -195,8 +202,8 @@ def gluon_attention(q, k, v, causal: bool, config=CONFIGS[0]):
     batch, seqlen, nheads, head_dim = q.shape
     if not (q.shape == k.shape == v.shape and q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16,)):
         raise ValueError("q, k, v: one shape, bfloat16")
-    if head_dim not in (64, 128) or seqlen % block_m or seqlen % block_n:
-        raise ValueError(f"head dim 64 or 128 and seqlen a multiple of {block_m} and {block_n}; got {q.shape}")
+    if head_dim not in (64, 128, 256) or seqlen % block_m or seqlen % block_n:
+        raise ValueError(f"head dim 64, 128 or 256 and seqlen a multiple of {block_m} and {block_n}; got {q.shape}")
     q, k, v = (x.contiguous() for x in (q, k, v))
     from kernels.flash import _ensure_tma_allocator  # in-kernel TMA descriptors take global scratch
 
@@ -217,9 +224,9 @@ def compile_report():
     sys.path.insert(0, "scripts")
     from kernel_resources import resources
 
-    for head_dim in (64, 128):
+    for head_dim in (64, 128, 256):
         for causal in (False, True):
-            for variant, cfg in CONFIGS:
+            for variant, cfg in configs_for(head_dim, tuple(VARIANTS)):
                 kernel, _, extra = VARIANTS[variant]
                 block_m, block_n, stages, warps = cfg
                 consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal,
@@ -229,13 +236,13 @@ def compile_report():
                       f"{r['regs']}, spill stack {r['stack']} B, smem {r['smem']} B", flush=True)
 
 
-def check(variants=tuple(VARIANTS)):
+def check(variants=tuple(VARIANTS), head_dims=(64, 128)):
     from kernels.flash import flash_attn_func
     from kernels.standard import standard_attention
 
     torch.manual_seed(0)
     failures = []
-    for head_dim in (64, 128):
+    for head_dim in head_dims:
         for causal in (False, True):
             for seqlen in (128, 512, 1024):
                 q, k, v = (torch.randn(2, seqlen, 4, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -247,9 +254,7 @@ def check(variants=tuple(VARIANTS)):
                     scores.masked_fill_(torch.ones(seqlen, seqlen, dtype=torch.bool, device="cuda").triu(1),
                                         float("-inf"))
                 lse_ref = torch.logsumexp(scores, dim=-1) / math.log(2)  # base 2, (batch, heads, seqlen)
-                for cfg in CONFIGS:
-                    if cfg[0] not in variants:
-                        continue
+                for cfg in configs_for(head_dim, variants):
                     try:
                         o, lse = gluon_attention(q, k, v, causal, cfg)
                         torch.cuda.synchronize()
@@ -268,13 +273,13 @@ def check(variants=tuple(VARIANTS)):
                           f"lse {lse_err:.1e} {'ok' if ok else 'WRONG'}", flush=True)
 
 
-def bench(variants=tuple(VARIANTS)):
+def bench(variants=tuple(VARIANTS), head_dims=(64, 128)):
     from triton.testing import do_bench
 
     from kernels.flash import flash_attn_func
 
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
-    for head_dim in (64, 128):
+    for head_dim in head_dims:
         for seqlen in (1024, 4096, 16384):
             for causal in (False, True):
                 batch, nheads = 16384 // seqlen, 2048 // head_dim
@@ -285,21 +290,31 @@ def bench(variants=tuple(VARIANTS)):
                 with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
                     cudnn = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
                                                                                             is_causal=causal))
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):  # FA2
+                    fa2 = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                                          is_causal=causal))
                 ours = do_bench(lambda: flash_attn_func(q, k, v, causal=causal))
                 cells = []
-                for cfg in CONFIGS:
-                    if cfg[0] not in variants or seqlen % cfg[1][0] or seqlen % cfg[1][1]:
+                for cfg in configs_for(head_dim, variants):
+                    if seqlen % cfg[1][0] or seqlen % cfg[1][1]:
                         continue
                     ms = do_bench(lambda: gluon_attention(q, k, v, causal, cfg))
                     cells.append(f"{cfg} {ms:.3f} ms ({flops / ms * 1e-9:.0f} TF/s, x{ours / ms:.2f} ours, "
-                                 f"x{cudnn / ms:.2f} cuDNN)")
+                                 f"x{fa2 / ms:.2f} FA2, x{cudnn / ms:.2f} cuDNN)")
                 print(f"hd {head_dim} n {seqlen} causal {causal}: ours {ours:.3f} ms ({flops / ours * 1e-9:.0f}), "
-                      f"cuDNN {cudnn:.3f} ms ({flops / cudnn * 1e-9:.0f}) | " + " | ".join(cells), flush=True)
+                      f"FA2 {fa2:.3f} ms ({flops / fa2 * 1e-9:.0f}), cuDNN {cudnn:.3f} ms ({flops / cudnn * 1e-9:.0f}) | "
+                      + " | ".join(cells), flush=True)
 
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "bench"
     if mode == "compile":
         compile_report()
-    else:  # check / bench [variant ...]
-        {"check": check, "bench": bench}[mode](*([tuple(sys.argv[2:])] if len(sys.argv) > 2 else []))
+    else:  # check / bench [variant ...] [hd<D> ...], e.g. `check ws hd256`
+        words = sys.argv[2:]
+        kwargs = {}
+        if [w for w in words if not w.startswith("hd")]:
+            kwargs["variants"] = tuple(w for w in words if not w.startswith("hd"))
+        if [w for w in words if w.startswith("hd")]:
+            kwargs["head_dims"] = tuple(int(w[2:]) for w in words if w.startswith("hd"))
+        {"check": check, "bench": bench}[mode](**kwargs)
