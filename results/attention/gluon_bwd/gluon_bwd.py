@@ -16,16 +16,18 @@ transposed (keys down, queries across) so that P^T and dS^T are already the regi
 
 then dK (times the softmax scale) and dV out by TMA, and dQ = scale * buffer in one elementwise pass.
 
-Measured on the H100 (session 24, README.md): correct, 0.64-0.89x our backward. Variant ws (`_attn_bwd_ws`, session
-24, compiled, not yet run) keeps that loop body on 8 compute warps and gives the loads to a loader warp and the dQ
-reduce (TMA, from a shared-memory ring) to a dQ warp, as FlashAttention-3's backward divides the work.
+Measured on the H100 (session 24, README.md): correct, 0.64-0.89x our backward. Two variants, compiled in session 24
+and not yet run: ws (`_attn_bwd_ws`) keeps that loop body on 8 compute warps and gives the loads to a loader warp
+and the dQ reduce (TMA, from a shared-memory ring) to a dQ warp, as FlashAttention-3's backward divides the work;
+pp (`_attn_bwd_pp`) also lets the two compute warpgroups work apart (each its own 64 keys and dQ partial), so one's
+softmax overlaps the other's matmuls.
 
 Scope: dense self-attention, (batch, seqlen, heads, head_dim) contiguous bf16, head dim 64 or 128, seqlen a multiple
 of 128, causal or not, no dropout. dQ's summation order varies from run to run (atomics, or TMA reduces).
 
     python results/attention/gluon_bwd/gluon_bwd.py compile    # CPU: compiles for sm_90, registers / spills / smem
-    python results/attention/gluon_bwd/gluon_bwd.py check      # GPU: gradients against float64 attention and ours
-    python results/attention/gluon_bwd/gluon_bwd.py bench      # GPU: backward ms against ours and cuDNN (SDPA)
+    python results/attention/gluon_bwd/gluon_bwd.py check [one ws pp]  # GPU: gradients against float64 and ours
+    python results/attention/gluon_bwd/gluon_bwd.py bench [one ws pp]  # GPU: backward ms against ours and cuDNN
 """
 import math
 import sys
@@ -387,6 +389,180 @@ def _attn_bwd_ws(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nhead
         [1, 1], [24, 24])
 
 
+# ---- Variant PP (session 24, compiled, not yet run): the two compute warpgroups work apart, as the forward's ws
+# kernel's consumers do. In `_attn_bwd` and `_attn_bwd_ws` the 8 compute warps share each dS^T tile through shared
+# memory for dQ, so they move in lockstep and the tensor cores idle while both do their softmax. Here warpgroup w
+# owns keys start_n + 64w .. +63 alone: its K, V halves, dK, dV, dS^T, and a dQ^T partial over its 64 keys, which it
+# leaves in its own dQ ring for the dQ warp (two TMA reduces per query tile instead of one). No barrier joins the
+# two, so one's exponentials run while the other's wgmma do. They share the Q / dO ring (a slot is freed by both:
+# count 2) and the loader's LSE and delta. 32-query steps only: 64 would need a 64-register dQ partial beside dK, dV.
+SUB_N = gl.constexpr(64)
+
+
+@gluon.jit
+def _pp_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE, DELTA,
+               lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M: gl.constexpr,
+               STAGES: gl.constexpr):
+    TILE_BYTES: gl.constexpr = q_smem.shape[1] * q_smem.shape[2] * q_smem.dtype.primitive_bitwidth // 8
+    HALF_BYTES: gl.constexpr = k_smem.shape[1] * k_smem.shape[2] * k_smem.dtype.primitive_bitwidth // 8
+    mbarrier.expect(kv_bar, 4 * HALF_BYTES)
+    for w in gl.static_range(2):
+        tma.async_copy_global_to_shared(k_desc, [row0 + start_n + w * SUB_N, col], kv_bar, k_smem.index(w))
+        tma.async_copy_global_to_shared(v_desc, [row0 + start_n + w * SUB_N, col], kv_bar, v_smem.index(w))
+    for i in range(lo, n_end):
+        t = i - lo
+        slot = t % STAGES
+        mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
+        offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
+        lse_smem.index(slot).store(gl.load(LSE + stat_base + offs))
+        delta_smem.index(slot).store(gl.load(DELTA + stat_base + offs))
+        mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
+        tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot), q_smem.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [row0 + i * BLOCK_M, col], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _pp_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M: gl.constexpr,
+                  DQ_STAGES: gl.constexpr):
+    for i in range(lo, n_end):
+        t = i - lo
+        s = t % DQ_STAGES
+        for w in gl.static_range(2):  # the two warpgroups' partials, in a fixed order
+            mbarrier.wait(dq_full.index(w * DQ_STAGES + s), (t // DQ_STAGES) & 1)
+            tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(w * DQ_STAGES + s))
+        tma.store_wait(0)
+        for w in gl.static_range(2):
+            mbarrier.arrive(dq_empty.index(w * DQ_STAGES + s))
+
+
+@gluon.jit
+def _pp_compute(W: gl.constexpr, LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
+                lse_smem, delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo,
+                n_end, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    st_layout: gl.constexpr = _acc_layout(4, BLOCK_M)
+    kv_acc_layout: gl.constexpr = _acc_layout(4, HEAD_DIM)
+    op_layout: gl.constexpr = _op_layout(4, HEAD_DIM)
+    dq_layout: gl.constexpr = _dq_layout(4, HEAD_DIM, BLOCK_M)
+    k_w = k_smem.index(W)
+    v_w = v_smem.index(W)
+    ds_w = ds_smem.index(W)
+    start_w = start_n + W * SUB_N
+    keys = start_w + gl.arange(0, SUB_N, layout=gl.SliceLayout(1, st_layout))
+    qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    dk = gl.zeros([SUB_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+    dv = gl.zeros([SUB_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+    st_init = gl.zeros([SUB_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_init = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, layout=dq_layout)
+    mbarrier.wait(kv_bar, 0)
+    lo_w = start_w // BLOCK_M if IS_CAUSAL else lo  # this half's first query tile (causal: later than the program's)
+    for i in range(lo, n_end):
+        t = i - lo
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        if i >= lo_w:  # the warpgroup's keys are all after tile i's queries otherwise: nothing to add
+            dv, dk, dqt = _bwd_tile(k_w, v_w, q_smem.index(slot), do_smem.index(slot), ds_w, LSE, DELTA, stat_base,
+                                    lse_smem.index(slot), delta_smem.index(slot), i, start_w, keys, qcols, st_init,
+                                    dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, SUB_N, IS_CAUSAL, True, True)
+        else:
+            dqt = dq_init
+        mbarrier.arrive(empty.index(slot))  # count 2: the slot is refilled once both warpgroups are done with it
+        s = W * DQ_STAGES + t % DQ_STAGES
+        mbarrier.wait(dq_empty.index(s), ((t // DQ_STAGES) & 1) ^ 1)
+        dq_smem.index(s).store(gl.permute(dqt, [1, 0]))
+        fence_async_shared()
+        mbarrier.arrive(dq_full.index(s))
+
+    k_w.store((dk * sm_scale).to(dtype))  # this warpgroup's K and V halves take its dK and dV out
+    v_w.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [row0 + start_w, col], k_w)
+    tma.async_copy_shared_to_global(dv_desc, [row0 + start_w, col], v_w)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _pp_compute0(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                 delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo, n_end,
+                 qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    _pp_compute(0, LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo, n_end,
+                qk_scale, sm_scale, HEAD_DIM, BLOCK_M, STAGES, DQ_STAGES, IS_CAUSAL)
+
+
+@gluon.jit
+def _pp_compute1(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                 delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo, n_end,
+                 qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    _pp_compute(1, LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo, n_end,
+                qk_scale, sm_scale, HEAD_DIM, BLOCK_M, STAGES, DQ_STAGES, IS_CAUSAL)
+
+
+@gluon.jit
+def _attn_bwd_pp(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, qk_scale, sm_scale,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
+                 ds_layout: gl.constexpr, dqa_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    dtype: gl.constexpr = Q.dtype.element_ty
+    gl.static_assert(BLOCK_N == 2 * SUB_N, "two warpgroups of 64 keys")
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    col = h * HEAD_DIM
+    row0 = b * seqlen
+    start_n = pid_n * BLOCK_N
+    q_desc = head_tiles(Q, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
+    do_desc = head_tiles(DO, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
+    k_desc = head_tiles(K, total_rows, nheads, SUB_N, HEAD_DIM, kv_layout)
+    v_desc = head_tiles(V, total_rows, nheads, SUB_N, HEAD_DIM, kv_layout)
+    dk_desc = head_tiles(DK, total_rows, nheads, SUB_N, HEAD_DIM, kv_layout)
+    dv_desc = head_tiles(DV, total_rows, nheads, SUB_N, HEAD_DIM, kv_layout)
+    dqa_desc = head_tiles(DQA, total_rows, nheads, BLOCK_M, HEAD_DIM, dqa_layout)
+
+    k_smem = gl.allocate_shared_memory(dtype, [2, SUB_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, SUB_N, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, SUB_N, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_layout)
+    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [2 * DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [2 * DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    for i in gl.static_range(2 * DQ_STAGES):
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
+    fence_async_shared()
+
+    lo = start_n // BLOCK_M if IS_CAUSAL else 0
+    n_end = seqlen // BLOCK_M
+    stat_base = bh.to(gl.int64) * seqlen
+    gl.warp_specialize([
+        (_pp_compute0, (LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                        delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo, n_end,
+                        qk_scale, sm_scale, HEAD_DIM, BLOCK_M, STAGES, DQ_STAGES, IS_CAUSAL)),
+        (_pp_compute1, (LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                        delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo, n_end,
+                        qk_scale, sm_scale, HEAD_DIM, BLOCK_M, STAGES, DQ_STAGES, IS_CAUSAL)),
+        (_pp_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE,
+                      DELTA, lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M, STAGES)),
+        (_pp_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M, DQ_STAGES))],
+        [4, 1, 1], [CONSUMER_REGS, 24, 24])
+
+
 BLOCK_N, WARPS = 128, 8
 # (BLOCK_M queries per step, STAGES of the Q / dO ring, dQ through the TMA reduce rather than atomics)
 CONFIGS = [(64, 2, False), (64, 2, True), (32, 3, False), (32, 3, True)]
@@ -437,7 +613,9 @@ def gluon_backward(do, q, k, v, o, lse2, causal: bool, config=CONFIGS[0]):
 # ws: (BLOCK_M queries per step, STAGES of the Q / dO ring, DQ_STAGES of the dQ ring, LSE and delta through shared
 # memory by the loader warp rather than loaded by the compute warps); dQ always by the TMA reduce
 WS_CONFIGS = [(64, 2, 2, True), (32, 3, 2, True), (32, 3, 2, False)]
-ALL_CONFIGS = CONFIGS + [("ws", *c) for c in WS_CONFIGS]
+# pp: (BLOCK_M queries per step, STAGES of the Q / dO ring, DQ_STAGES of each warpgroup's dQ ring)
+PP_CONFIGS = [(32, 3, 2), (16, 4, 2)]
+ALL_CONFIGS = CONFIGS + [("ws", *c) for c in WS_CONFIGS] + [("pp", *c) for c in PP_CONFIGS]
 
 
 def gluon_backward_ws(do, q, k, v, o, lse2, causal: bool, config=WS_CONFIGS[0]):
@@ -467,9 +645,46 @@ def ws_layouts(head_dim: int, block_m: int) -> dict:
     return {name: lay[name] for name in ("q_layout", "kv_layout", "ds_layout", "dqa_layout")}
 
 
+def pp_layouts(head_dim: int, block_m: int, dtype=gl.bfloat16) -> dict:
+    """The shared layouts `_attn_bwd_pp` takes: TMA tiles of block_m queries and of 64 keys, dS^T per warpgroup
+    (64 keys x block_m), the float32 dQ tiles."""
+    return dict(q_layout=gl.NVMMASharedLayout.get_default_for([block_m, head_dim], dtype),
+                kv_layout=gl.NVMMASharedLayout.get_default_for([64, head_dim], dtype),
+                ds_layout=gl.NVMMASharedLayout.get_default_for([64, block_m], dtype),
+                dqa_layout=gl.NVMMASharedLayout.get_default_for([block_m, head_dim], gl.float32),
+                CONSUMER_REGS=240)
+
+
+def gluon_backward_pp(do, q, k, v, o, lse2, causal: bool, config=PP_CONFIGS[0]):
+    """As gluon_backward, with the two compute warpgroups apart; config (BLOCK_M, STAGES, DQ_STAGES)."""
+    import kernels.flash as F
+
+    block_m, stages, dq_stages = config
+    batch, seqlen, nheads, head_dim = q.shape
+    if head_dim not in (64, 128) or seqlen % BLOCK_N or q.dtype != torch.bfloat16:
+        raise ValueError(f"bf16, head dim 64 or 128, seqlen a multiple of {BLOCK_N}; got {q.shape} {q.dtype}")
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    F._ensure_tma_allocator()
+    delta = F.bwd_preprocess(o, do)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dqa = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(head_dim)
+    _attn_bwd_pp[(seqlen // BLOCK_N, batch * nheads)](
+        q, k, v, do, dk, dv, dqa, lse2.contiguous(), delta, batch * seqlen, seqlen, nheads, scale * LOG2E, scale,
+        head_dim, block_m, BLOCK_N, stages, dq_stages, causal, **pp_layouts(head_dim, block_m), num_warps=4)
+    return (dqa * scale).to(q.dtype), dk, dv
+
+
+def kind(cfg) -> str:
+    """"one" (the one-partition kernel), "ws" or "pp"."""
+    return cfg[0] if isinstance(cfg[0], str) else "one"
+
+
 def run_config(do, q, k, v, o, lse2, causal, cfg):
     if cfg[0] == "ws":
         return gluon_backward_ws(do, q, k, v, o, lse2, causal, cfg[1:])
+    if cfg[0] == "pp":
+        return gluon_backward_pp(do, q, k, v, o, lse2, causal, cfg[1:])
     return gluon_backward(do, q, k, v, o, lse2, causal, cfg)
 
 
@@ -496,6 +711,13 @@ def compile_report():
                       f"+ loader + dQ writer, stages {stages}, dQ stages {dq_stages}, LSE/delta "
                       f"{'by the loader' if stats_smem else 'by the compute warps'}): regs {r['regs']}, spill stack "
                       f"{r['stack']} B, smem {r['smem']} B", flush=True)
+            for block_m, stages, dq_stages in PP_CONFIGS:
+                consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
+                              IS_CAUSAL=causal, **pp_layouts(head_dim, block_m))
+                r = resources(_attn_bwd_pp, consts, 4, stages)
+                print(f"hd {head_dim} causal {causal} pp (BLOCK_M {block_m}, two warpgroups of 64 keys apart + loader + "
+                      f"dQ writer, stages {stages}, dQ stages {dq_stages}): regs {r['regs']}, spill stack "
+                      f"{r['stack']} B, smem {r['smem']} B", flush=True)
 
 
 def _inputs(batch, seqlen, nheads, head_dim, causal):
@@ -507,7 +729,7 @@ def _inputs(batch, seqlen, nheads, head_dim, causal):
     return q, k, v, do, o, lse2, seed, scale
 
 
-def check():
+def check(kinds=("one", "ws", "pp")):
     import kernels.flash as F
     from kernels.standard import standard_attention
 
@@ -520,7 +742,7 @@ def check():
                 ref_in = [x.double().requires_grad_() for x in (q, k, v)]
                 ref = torch.autograd.grad(standard_attention(*ref_in, causal=causal), ref_in, do.double())
                 ours = F._flash_bwd(do, q, k, v, o, lse2, seed, scale, causal, 0.0, False, None, None, seqlen, seqlen)
-                for cfg in ALL_CONFIGS:
+                for cfg in [c for c in ALL_CONFIGS if kind(c) in kinds]:
                     try:
                         got = run_config(do, q, k, v, o, lse2, causal, cfg)
                         torch.cuda.synchronize()
@@ -542,7 +764,7 @@ def check():
                           f"{'ok' if ok else 'WRONG'}", flush=True)
 
 
-def bench():
+def bench(kinds=("one", "ws", "pp")):
     from triton.testing import do_bench
 
     import kernels.flash as F
@@ -562,7 +784,7 @@ def bench():
         ours = do_bench(lambda: F._flash_bwd(do, q, k, v, o, lse2, seed, scale, causal, 0.0, False, None, None,
                                              seqlen, seqlen))
         cells = []
-        for cfg in ALL_CONFIGS:
+        for cfg in [c for c in ALL_CONFIGS if kind(c) in kinds]:
             ms = do_bench(lambda: run_config(do, q, k, v, o, lse2, causal, cfg))
             cells.append(f"{cfg} {ms:.3f} ms ({flops / ms * 1e-9:.0f} TF/s, x{ours / ms:.2f} ours, "
                          f"x{cudnn / ms:.2f} cuDNN)")
@@ -571,4 +793,8 @@ def bench():
 
 
 if __name__ == "__main__":
-    {"compile": compile_report, "check": check, "bench": bench}[sys.argv[1] if len(sys.argv) > 1 else "bench"]()
+    mode = sys.argv[1] if len(sys.argv) > 1 else "bench"
+    if mode == "compile":
+        compile_report()
+    else:  # check / bench [one ws pp]: the kernels to run, all by default
+        {"check": check, "bench": bench}[mode](*([tuple(sys.argv[2:])] if len(sys.argv) > 2 else []))
