@@ -29,9 +29,10 @@ Algorithm
   16-byte aligned inputs whose heads and batches lie side by side; elsewhere, and always under the
   interpreter, the forward is the two-stage loop. The backward does not use it.
 - Gluon (Hopper, `kernels/flash_gluon.py`): where its scope holds (sm_90, Triton 3.6, fp16/bf16, head dim 128,
-  seqlen_q == seqlen_k a multiple of 128 from 1K (2K causal), no dropout or varlen), the forward is FlashAttention-3's ping-pong of
-  two consumer warpgroups and a loader warp instead (1.07-1.21x the kernels here); `_gluon_unsupported` says why
-  not elsewhere, and FLASH_GLUON=0 turns it off. Same outputs and LSE, so the backward is this module's.
+  seqlen_q == seqlen_k a multiple of 128 from 1K (2K causal), no dropout or varlen), the forward is
+  FlashAttention-3's ping-pong of two consumer warpgroups and a loader warp instead (1.07-1.21x the kernels here);
+  `_gluon_unsupported` says why not elsewhere, and FLASH_GLUON=0 turns it off. Same outputs and LSE, so the
+  backward is this module's.
 
 Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact under the
 interpreter), head dims that are multiples of 8 up to 256 (padded to a power of two with masked

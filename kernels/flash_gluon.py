@@ -14,13 +14,14 @@ can be written in it but not in `@triton.jit`:
 ptxas places the wait for P V before the softmax's exponentials whatever the source order, so the overlap inside one
 warpgroup that FlashAttention-3's paper also describes does not survive; the overlap between the two warpgroups
 does (results/attention/gluon_fwd/README.md). Measured on one H100 against the `@triton.jit` forward: 1.07-1.21x
-at head dim 128 from 1K tokens, 0.88-1.03x cuDNN's (results/attention/gluon_fwd/bench_h100.txt).
+at head dim 128 from 1K tokens, 0.88-1.03x cuDNN's from 4K (results/attention/gluon_fwd/bench_h100.txt); in the
+product, 0.87-1.04x cuDNN's from 4K (results/attention/h100.md).
 
 Scope, checked by `unsupported` (kernels/flash.py runs its `@triton.jit` forward everywhere else): an sm_90 GPU,
-fp16/bf16, head dim 128, seqlen_q == seqlen_k a multiple of 128 and at least MIN_SEQLEN (the 2-D TMA view runs one batch's rows into the
-next one's, so the tiles must not cross it), no dropout, no varlen; grouped-query attention and any row stride
-that TMA can read (q, k, v as views of a packed qkv) are supported. The output and the base-2 log-sum-exp are the
-ones `kernels.flash._fwd_kernel` writes, so its backward takes them unchanged.
+fp16/bf16, head dim 128, no dropout, no varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view runs one
+batch's rows into the next one's, so the tiles must not cross it) and at least MIN_SEQLEN. Grouped-query attention
+and any row stride that TMA can read (q, k, v as views of a packed qkv) are supported. The output and the base-2
+log-sum-exp are the ones `kernels.flash._fwd_kernel` writes, so its backward takes them unchanged.
 """
 from __future__ import annotations
 
