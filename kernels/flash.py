@@ -1158,8 +1158,15 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
     if varlen:
         max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
-    slb, slh = lse_strides(lse, varlen)
     seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
+    # before the Triton launch's arguments, which it does not need
+    if warp_spec is None and _gluon_unsupported(q, k, v, causal, dropout_p, varlen, out_dtype) is None:
+        from kernels.flash_gluon import gluon_forward
+
+        _ensure_tma_allocator()
+        gluon_forward(q, k, v, o, lse, softmax_scale * LOG2E, causal)
+        return o, lse, seed
+    slb, slh = lse_strides(lse, varlen)
     thresh, drop_scale = _drop_consts(dropout_p)
     cu_q_arg = cu_q if varlen else lse
     cu_k_arg = cu_k if varlen else lse
@@ -1168,12 +1175,6 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
             slb, slh, _bucket(max_q), _bucket(max_k))
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0, REVERSE=causal)
-    if warp_spec is None and _gluon_unsupported(q, k, v, causal, dropout_p, varlen, out_dtype) is None:
-        from kernels.flash_gluon import gluon_forward
-
-        _ensure_tma_allocator()
-        gluon_forward(q, k, v, o, lse, softmax_scale * LOG2E, causal)
-        return o, lse, seed
     kind, tuned = _fwd_kind(q, k, v, causal, dropout_p, varlen, warp_spec)
     if kind == "fwd_ws" and not _interpreting():
         _ensure_tma_allocator()
