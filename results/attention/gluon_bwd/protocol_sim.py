@@ -20,7 +20,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gluon_fwd"))
-from protocol_sim import Barrier  # noqa: E402
+from protocol_sim import Barrier, Sim as ForwardSim  # noqa: E402
 
 
 def kv_halves(n_compute):
@@ -71,8 +71,11 @@ def dq_writer(s, n_tiles, dq_stages, bug):
             s.dq_empty[w][d].arrive()
 
 
-class Sim:
-    def __init__(self, n_compute, stages, dq_stages, rng, bug=None):
+class Sim(ForwardSim):
+    """The forward's scheduler (`run`: copies land at random, partitions run in a random order, a deadlock
+    raises) over the backward's barriers and buffers."""
+
+    def __init__(self, n_compute, stages, dq_stages, rng, bug=None):  # the forward's own barriers are not made
         self.rng, self.n_compute = rng, n_compute
         copies = len(kv_halves(n_compute)) // (2 if bug == "kv expect for half the copies" else 1)
         self.kv_bar = Barrier(1 + copies)
@@ -114,20 +117,6 @@ class Sim:
             raise AssertionError(f"dQ warp reduced slot {d} of partition {w} expecting tile {tile}, "
                                  f"found {self.dq.get((w, d))}")
         self.reduced.append((w, tile))
-
-    def run(self, actors):
-        waiting = {name: next(gen, None) for name, gen in actors.items()}
-        while any(v is not None for v in waiting.values()) or self.in_flight:
-            ready = [n for n, v in waiting.items() if v is not None and v[0].passes(v[1])]
-            if self.in_flight and (not ready or self.rng.random() < 0.3):  # a copy lands
-                bar, buf, tile = self.in_flight.pop(self.rng.randrange(len(self.in_flight)))
-                self.smem[buf] = tile
-                bar.arrive()
-                continue
-            if not ready:
-                raise AssertionError(f"deadlock: {[(n, v[1]) for n, v in waiting.items() if v is not None]}")
-            name = self.rng.choice(ready)
-            waiting[name] = next(actors[name], None)
 
 
 def simulate(n_compute, stages, dq_stages, n_tiles, rng, bug=None):
