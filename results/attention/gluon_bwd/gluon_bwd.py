@@ -107,6 +107,21 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, ds_smem, LSE, DELTA, stat_base, lse_s, 
 
 
 @gluon.jit
+def _bwd_descriptors(Q, K, V, DO, DK, DV, DQA, total_rows, nheads, BLOCK_M: gl.constexpr, KV_ROWS: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
+                     dqa_layout: gl.constexpr):
+    """The backward kernels' TMA descriptors: Q, dO in tiles of BLOCK_M queries, K, V, dK, dV of KV_ROWS keys, the
+    float32 dQ buffer of BLOCK_M queries."""
+    return (head_tiles(Q, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout),
+            head_tiles(DO, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout),
+            head_tiles(K, total_rows, nheads, KV_ROWS, HEAD_DIM, kv_layout),
+            head_tiles(V, total_rows, nheads, KV_ROWS, HEAD_DIM, kv_layout),
+            head_tiles(DK, total_rows, nheads, KV_ROWS, HEAD_DIM, kv_layout),
+            head_tiles(DV, total_rows, nheads, KV_ROWS, HEAD_DIM, kv_layout),
+            head_tiles(DQA, total_rows, nheads, BLOCK_M, HEAD_DIM, dqa_layout))
+
+
+@gluon.jit
 def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, qk_scale, sm_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr, ds_layout: gl.constexpr,
@@ -124,13 +139,8 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
     col = h * HEAD_DIM
     row0 = b * seqlen
     start_n = pid_n * BLOCK_N
-    q_desc = head_tiles(Q, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
-    do_desc = head_tiles(DO, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
-    k_desc = head_tiles(K, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    v_desc = head_tiles(V, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    dk_desc = head_tiles(DK, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    dv_desc = head_tiles(DV, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    dqa_desc = head_tiles(DQA, total_rows, nheads, BLOCK_M, HEAD_DIM, dqa_layout)
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc = _bwd_descriptors(
+        Q, K, V, DO, DK, DV, DQA, total_rows, nheads, BLOCK_M, BLOCK_N, HEAD_DIM, q_layout, kv_layout, dqa_layout)
 
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
@@ -342,13 +352,8 @@ def _attn_bwd_ws(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nhead
     col = h * HEAD_DIM
     row0 = b * seqlen
     start_n = pid_n * BLOCK_N
-    q_desc = head_tiles(Q, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
-    do_desc = head_tiles(DO, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
-    k_desc = head_tiles(K, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    v_desc = head_tiles(V, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    dk_desc = head_tiles(DK, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    dv_desc = head_tiles(DV, total_rows, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    dqa_desc = head_tiles(DQA, total_rows, nheads, BLOCK_M, HEAD_DIM, dqa_layout)
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc = _bwd_descriptors(
+        Q, K, V, DO, DK, DV, DQA, total_rows, nheads, BLOCK_M, BLOCK_N, HEAD_DIM, q_layout, kv_layout, dqa_layout)
 
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
@@ -516,13 +521,8 @@ def _attn_bwd_pp(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nhead
     col = h * HEAD_DIM
     row0 = b * seqlen
     start_n = pid_n * BLOCK_N
-    q_desc = head_tiles(Q, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
-    do_desc = head_tiles(DO, total_rows, nheads, BLOCK_M, HEAD_DIM, q_layout)
-    k_desc = head_tiles(K, total_rows, nheads, SUB_N, HEAD_DIM, kv_layout)
-    v_desc = head_tiles(V, total_rows, nheads, SUB_N, HEAD_DIM, kv_layout)
-    dk_desc = head_tiles(DK, total_rows, nheads, SUB_N, HEAD_DIM, kv_layout)
-    dv_desc = head_tiles(DV, total_rows, nheads, SUB_N, HEAD_DIM, kv_layout)
-    dqa_desc = head_tiles(DQA, total_rows, nheads, BLOCK_M, HEAD_DIM, dqa_layout)
+    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc = _bwd_descriptors(
+        Q, K, V, DO, DK, DV, DQA, total_rows, nheads, BLOCK_M, SUB_N, HEAD_DIM, q_layout, kv_layout, dqa_layout)
 
     k_smem = gl.allocate_shared_memory(dtype, [2, SUB_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, SUB_N, HEAD_DIM], kv_layout)
