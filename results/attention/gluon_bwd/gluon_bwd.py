@@ -107,6 +107,17 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, ds_smem, LSE, DELTA, stat_base, lse_s, 
 
 
 @gluon.jit
+def _store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, row, col):
+    """dK (times the softmax scale) and dV out by TMA through the K and V tiles, which are no longer read."""
+    k_smem.store((dk * sm_scale).to(k_smem.dtype))
+    v_smem.store(dv.to(v_smem.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [row, col], k_smem)
+    tma.async_copy_shared_to_global(dv_desc, [row, col], v_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _bwd_descriptors(Q, K, V, DO, DK, DV, DQA, total_rows, nheads, BLOCK_M: gl.constexpr, KV_ROWS: gl.constexpr,
                      HEAD_DIM: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
                      dqa_layout: gl.constexpr):
@@ -206,12 +217,7 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    k_smem.store((dk * sm_scale).to(dtype))  # K and V are no longer read: their tiles take dK and dV out
-    v_smem.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_smem)
-    tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_smem)
-    tma.store_wait(0)
+    _store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, row0 + start_n, col)
 
 
 # ---- Variant WS (session 24, compiled, not yet run): FlashAttention-3's division of labour. The measured one-warpgroup-
@@ -297,7 +303,6 @@ def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sme
                     qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                     STATS_SMEM: gl.constexpr):
-    dtype: gl.constexpr = q_smem.dtype
     DQ_T: gl.constexpr = BLOCK_M < 64
     st_layout: gl.constexpr = _acc_layout(8, BLOCK_M)
     kv_acc_layout: gl.constexpr = _acc_layout(8, HEAD_DIM)
@@ -331,12 +336,7 @@ def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sme
         fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
         mbarrier.arrive(dq_full.index(s))
 
-    k_smem.store((dk * sm_scale).to(dtype))  # K and V are no longer read: their tiles take dK and dV out
-    v_smem.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_smem)
-    tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_smem)
-    tma.store_wait(0)
+    _store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, row0 + start_n, col)
 
 
 @gluon.jit
@@ -445,7 +445,6 @@ def _pp_compute(W: gl.constexpr, LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, 
                 lse_smem, delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo,
                 n_end, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    dtype: gl.constexpr = q_smem.dtype
     st_layout: gl.constexpr = _acc_layout(4, BLOCK_M)
     kv_acc_layout: gl.constexpr = _acc_layout(4, HEAD_DIM)
     op_layout: gl.constexpr = _op_layout(4, HEAD_DIM)
@@ -479,12 +478,7 @@ def _pp_compute(W: gl.constexpr, LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, 
         fence_async_shared()
         mbarrier.arrive(dq_full.index(s))
 
-    k_w.store((dk * sm_scale).to(dtype))  # this warpgroup's K and V halves take its dK and dV out
-    v_w.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [row0 + start_w, col], k_w)
-    tma.async_copy_shared_to_global(dv_desc, [row0 + start_w, col], v_w)
-    tma.store_wait(0)
+    _store_dkdv(dk, dv, sm_scale, k_w, v_w, dk_desc, dv_desc, row0 + start_w, col)  # its own K and V halves
 
 
 @gluon.jit
