@@ -1063,11 +1063,7 @@ def _ws_unsupported(q, k, v, dropout_p: float, varlen: bool) -> str | None:
         return "head dim is not 128 (the A/B found no gain at 64)"
     if dropout_p > 0:
         return "dropout (the warp-specialised loop has none)"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        problem = _ws_layout_problem(t, varlen)
-        if problem:
-            return f"{name}: {problem}"
-    return None
+    return _tma_layout_unsupported(varlen, q=q, k=k, v=v)
 
 
 def _ws_platform_unsupported(q) -> str | None:
@@ -1125,8 +1121,37 @@ def _gluon_unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool, ou
         return "an output dtype other than the inputs' (kernels/ring.py's float32 partials)"
     from kernels import flash_gluon  # here, not at the top: only Triton 3.6's Gluon API is known to import
 
-    return (flash_gluon.unsupported(q, k, v, causal, dropout_p, varlen) or _ws_unsupported(q, k, v, dropout_p, varlen)
-            or _ws_platform_unsupported(q))
+    return (flash_gluon.unsupported(q, k, v, causal, dropout_p, varlen)
+            or _tma_layout_unsupported(False, q=q, k=k, v=v) or _ws_platform_unsupported(q))
+
+
+def _tma_layout_unsupported(varlen: bool, **tensors) -> str | None:
+    """The first named tensor that a 2-D TMA view (`_ws_layout_problem`) cannot read or write, and why; or None."""
+    for name, t in tensors.items():
+        problem = _ws_layout_problem(t, varlen)
+        if problem:
+            return f"{name}: {problem}"
+    return None
+
+
+def _gluon_bwd_unsupported(q, k, v, do, lse, delta, grads, causal: bool, dropout_p: float, varlen: bool) -> str | None:
+    """Why the Gluon backward does not take this call, or None (then `_flash_bwd` launches it). grads: the (dq, dk,
+    dv) buffers it would fill."""
+    if not GLUON_FORWARD:
+        return "FLASH_GLUON=0"
+    if not _GLUON_TRITON:
+        return f"Triton {triton.__version__} (the Gluon backward is written for 3.6)"
+    if torch.are_deterministic_algorithms_enabled():
+        return "deterministic mode (its dQ reduce adds in a varying order)"
+    if any(g.dtype != q.dtype for g in grads):
+        return "gradient dtype other than the inputs' (kernels/ring.py's float32 partials)"
+    if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape):
+        return "LSE or delta not contiguous (batch, nheads, seqlen)"
+    from kernels import flash_gluon
+
+    dq, dk, dv = grads
+    return (flash_gluon.bwd_unsupported(q, k, causal, dropout_p, varlen)
+            or _tma_layout_unsupported(False, q=q, k=k, v=v, do=do, dk=dk, dv=dv) or _ws_platform_unsupported(q))
 
 
 def _tma_scratch(size: int, alignment: int, stream):
@@ -1184,10 +1209,11 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
 
 
 def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k,
-               delta=None, grad_dtype=None, out=None):
+               delta=None, grad_dtype=None, out=None, gluon=True):
     # delta: rowsum(dO * O) computed by the caller (then o is unused; it must share lse's strides);
     # grad_dtype: the kernels store dQ/dK/dV in the dtype of their buffers. Both for kernels/ring.py.
     # out: (dq, dk, dv) buffers to write into (views of one packed dqkv), else fresh ones.
+    # gluon: the Gluon backward where `_gluon_bwd_unsupported` allows; False: this module's kernels (tests, A/Bs).
     nheads, headdim = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
@@ -1204,6 +1230,12 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
         dq = torch.empty(q.shape, dtype=grad_dtype or q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=grad_dtype or k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=grad_dtype or v.dtype, device=v.device)
+    if gluon and _gluon_bwd_unsupported(q, k, v, do, lse, delta, (dq, dk, dv), causal, dropout_p, varlen) is None:
+        from kernels.flash_gluon import gluon_backward
+
+        _ensure_tma_allocator()
+        gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal)
+        return dq, dk, dv
     thresh, drop_scale = _drop_consts(dropout_p)
     cu_q_arg = cu_q if varlen else lse
     cu_k_arg = cu_k if varlen else lse

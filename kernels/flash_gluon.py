@@ -26,17 +26,22 @@ log-sum-exp are the ones `kernels.flash._fwd_kernel` writes, so its backward tak
 from __future__ import annotations
 
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language import _core
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-BLOCK_M, BLOCK_N, STAGES = 128, 128, 3  # the fastest of the prototype's configs at every benchmarked point
-HEAD_DIM = 128
+# (BLOCK_M, BLOCK_N, STAGES) per head dim: at 128 the fastest of the prototype's configs at every benchmarked point;
+# at 256 the one that fits shared memory (197 KB) without spills (1.18-1.43x the @triton.jit forward, 1.15-1.62x
+# FlashAttention-2's on the H100: results/attention/gluon_fwd/bench_h100_hd256.txt)
+FWD_TILES = {128: (128, 128, 3), 256: (128, 64, 2)}
 CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
-# Shortest sequences it takes, non-causal / causal: below them the @triton.jit forward's smaller tiles were faster on
-# the H100 (results/attention/h100.md before and after this kernel: 512 non-causal, 512 and 1K causal).
-MIN_SEQLEN = {False: 1024, True: 2048}
+# Shortest sequences it takes, per (head dim, causal): below them the @triton.jit forward's smaller tiles were faster
+# on the H100 (results/attention/h100.md before and after this kernel: 512 non-causal, 512 and 1K causal at head
+# dim 128). At 256 it was 1.18x at 1K causal, the shortest length measured.
+MIN_SEQLEN = {(128, False): 1024, (128, True): 2048, (256, False): 1024, (256, True): 1024}
 
 
 @gluon.constexpr_function
@@ -258,25 +263,27 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | None:
     """Why this forward cannot take these inputs (beyond kernels.flash's platform and layout checks), or None."""
-    if q.shape[-1] != HEAD_DIM:
-        return f"head dim {q.shape[-1]}, not {HEAD_DIM}"
+    head_dim, seqlen = q.shape[-1], q.shape[1]
+    if head_dim not in FWD_TILES:
+        return f"head dim {head_dim}, not one of {sorted(FWD_TILES)}"
     if varlen:
         return "varlen"
     if dropout_p > 0:
         return "dropout"
     if q.dtype not in _GL_DTYPES:
         return f"{q.dtype}"
-    if q.shape[1] != k.shape[1]:
+    if seqlen != k.shape[1]:
         return "seqlen_q != seqlen_k"
-    if q.shape[1] % BLOCK_M or q.shape[1] % BLOCK_N:
-        return f"seqlen {q.shape[1]} is not a multiple of {BLOCK_M}"
-    if q.shape[1] < MIN_SEQLEN[causal]:
-        return f"seqlen {q.shape[1]} below {MIN_SEQLEN[causal]}{' causal' if causal else ''}, where it is slower"
+    if seqlen % 128:  # both tiles divide 128
+        return f"seqlen {seqlen} is not a multiple of 128"
+    shortest = MIN_SEQLEN[head_dim, causal]
+    if seqlen < shortest:
+        return f"seqlen {seqlen} below {shortest}{' causal' if causal else ''}, where it is slower"
     return None
 
 
 def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool) -> None:
-    """Fill o (batch, seqlen, nheads, 128), contiguous, and lse (batch, nheads, seqlen) float32, contiguous, with
+    """Fill o (batch, seqlen, nheads, head_dim), contiguous, and lse (batch, nheads, seqlen) float32, contiguous, with
     the attention of q, k, v; qk_scale = softmax scale * log2(e) (the LSE is base 2). The caller has checked
     `unsupported`, the TMA layout of q, k, v (kernels.flash._ws_layout_problem) and installed Triton's allocator
     (the descriptors are built on the device)."""
@@ -284,10 +291,265 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool) -> None:
     if not (o.is_contiguous() and lse.is_contiguous() and o.dtype == q.dtype
             and lse.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_forward: o must be contiguous in q's dtype and lse contiguous (batch, nheads, seqlen)")
+    block_m, block_n, stages = FWD_TILES[head_dim]
     dtype = _GL_DTYPES[q.dtype]
-    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, head_dim], dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, head_dim], dtype)
-    _fwd_kernel[(seqlen // BLOCK_M, batch * nheads)](
+    q_layout = gl.NVMMASharedLayout.get_default_for([block_m // 2, head_dim], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
+    _fwd_kernel[(seqlen // block_m, batch * nheads)](
         q, k, v, o, lse, batch * seqlen, seqlen, nheads, nheads // k.shape[2], q.stride(1), k.stride(1), v.stride(1),
-        qk_scale, head_dim, BLOCK_M, BLOCK_N, STAGES, causal, q_layout, kv_layout, CONSUMER_REGS,
+        qk_scale, head_dim, block_m, block_n, stages, causal, q_layout, kv_layout, CONSUMER_REGS,
         num_warps=4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The backward: FlashAttention-3's division of labour (Shah et al., 2024, section 3.1 and appendix B), one kernel
+# and five matmuls per tile pair where kernels/flash.py's backward runs two kernels and seven.
+#
+#     one program = 128 keys of one (batch, head); three partitions:
+#     compute (8 warps, two warpgroups of 64 keys)  per query tile i (64 queries), scores kept transposed so that
+#                       P^T and dS^T are already the register operands dV and dK need:
+#                           S^T = K Q_i^T, dP^T = V dO_i^T        (async wgmma, issued together)
+#                           P^T = exp2(S^T * scale * log2 e - LSE_i)
+#                           dV += P^T dO_i; dS^T = P^T (dP^T - delta_i); dK += dS^T Q_i
+#                           dQ_i = dS K                            (dS^T through shared memory, read transposed)
+#                       then dQ_i into a DQ_STAGES-deep shared ring; at the end dK (times the scale) and dV by TMA
+#     loader (1 warp)   K and V once; Q_i, dO_i by TMA into a STAGES-deep ring, with LSE_i and delta_i beside them
+#     dQ writer (1 warp) adds each dQ_i from the ring to a float32 dQ buffer by one TMA reduce, frees the slot
+#
+# The TMA reduce makes dQ's summation order vary from run to run, so deterministic mode keeps kernels/flash.py's
+# backward. Measured on one H100 against it (results/attention/gluon_bwd/bench_h100_s25.txt): 1.24-1.39x at head dim
+# 128, 0.87-0.94x cuDNN's backward; 0.71-0.97x at head dim 64, hence 128 only.
+# ---------------------------------------------------------------------------------------------------
+
+BWD_HEAD_DIM = 128
+BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES = 64, 128, 2, 2  # the fastest of the A/B's three configs
+BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
+# Shortest sequences it takes, per causal; set from the A/B of the shipped backward (results/attention/gluon_bwd/)
+BWD_MIN_SEQLEN = {False: 1024, True: 2048}
+
+
+@_core.builtin
+def tma_reduce_add_shared(desc, coord, src, _semantic=None):
+    """desc[coord block] += src (a shared-memory tile in desc's layout), asynchronously through the TMA unit
+    (cp.reduce.async.bulk.tensor .add); wait with tma.store_wait. Gluon 3.6's builder has the op
+    (`create_async_tma_reduce`) but no Python wrapper."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord, src.handle)
+
+
+@gluon.constexpr_function
+def _row_layout(n):
+    """A (1, n) row over one warp's 32 threads (the loader's LSE and delta tiles)."""
+    return gl.BlockedLayout([1, max(n // 32, 1)], [1, 32], [1, 1], [1, 0])
+
+
+@gluon.jit
+def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE, DELTA,
+                lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M: gl.constexpr,
+                STAGES: gl.constexpr):
+    TILE_BYTES: gl.constexpr = q_smem.shape[1] * q_smem.shape[2] * q_smem.dtype.primitive_bitwidth // 8
+    KV_BYTES: gl.constexpr = k_smem.shape[0] * k_smem.shape[1] * k_smem.dtype.primitive_bitwidth // 8
+    mbarrier.expect(kv_bar, 2 * KV_BYTES)
+    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_bar, v_smem)
+    for i in range(lo, n_end):
+        t = i - lo
+        slot = t % STAGES
+        mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
+        # LSE_i and delta_i stored before the expect's arrive, which releases them to the compute warps with the tile
+        offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
+        lse_smem.index(slot).store(gl.load(LSE + stat_base + offs))
+        delta_smem.index(slot).store(gl.load(DELTA + stat_base + offs))
+        mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
+        tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot), q_smem.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [row0 + i * BLOCK_M, col], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M: gl.constexpr,
+                   DQ_STAGES: gl.constexpr):
+    for i in range(lo, n_end):
+        t = i - lo
+        s = t % DQ_STAGES
+        mbarrier.wait(dq_full.index(s), (t // DQ_STAGES) & 1)
+        tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
+        tma.store_wait(0)  # the TMA unit has read the slot
+        mbarrier.arrive(dq_empty.index(s))
+
+
+@gluon.jit
+def _bwd_tile(k_smem, v_smem, q_s, do_s, ds_smem, lse, delta, i, start_n, keys, qcols, st_init, dq_init, dv, dk,
+              qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              IS_CAUSAL: gl.constexpr):
+    """One query tile i against this program's keys: the five wgmma and the softmax between them. lse, delta:
+    (1, BLOCK_M) in the scores' layout. Returns dV and dK accumulated and this tile's dQ, all waited for."""
+    dtype: gl.constexpr = q_s.dtype
+    st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+    dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+    st = warpgroup_mma_wait(1, (st_tok,))
+    pt = gl.exp2(st * qk_scale - lse)
+    if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
+        if i * BLOCK_M < start_n + BLOCK_N:
+            queries = i * BLOCK_M + qcols
+            pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+    dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
+    dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
+    dst = (pt * (dpt - delta)).to(dtype)
+    dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+    ds_smem.store(dst)
+    fence_async_shared()
+    dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
+    return dv, dk, dq
+
+
+@gluon.jit
+def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar,
+                 ready, empty, dq_full, dq_empty, row0, col, start_n, lo, n_end, qk_scale, sm_scale,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr):
+    st_layout: gl.constexpr = _acc_layout(WARPS, BLOCK_M)
+    kv_acc_layout: gl.constexpr = _acc_layout(WARPS, HEAD_DIM)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
+    # dQ (BLOCK_M x HEAD_DIM): the two warpgroups side by side along the head dim
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
+                                                        instr_shape=[16, HEAD_DIM // (WARPS // 4), 16])
+    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+    st_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    mbarrier.wait(kv_bar, 0)
+
+    for i in range(lo, n_end):
+        t = i - lo
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        lse = lse_smem.index(slot).load(st_layout)  # (1, BLOCK_M), read straight into the scores' layout
+        delta = delta_smem.index(slot).load(st_layout)
+        dv, dk, dq = _bwd_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, lse, delta, i,
+                               start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N,
+                               IS_CAUSAL)
+        mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill the slot
+        s = t % DQ_STAGES
+        mbarrier.wait(dq_empty.index(s), ((t // DQ_STAGES) & 1) ^ 1)
+        dq_smem.index(s).store(dq)
+        fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+        mbarrier.arrive(dq_full.index(s))
+
+    # dK (times the softmax scale) and dV out by TMA through the K and V tiles, which are no longer read
+    k_smem.store((dk * sm_scale).to(k_smem.dtype))
+    v_smem.store(dv.to(v_smem.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_smem)
+    tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _bwd_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, q_row_stride, k_row_stride,
+                v_row_stride, do_row_stride, dk_row_stride, dv_row_stride, qk_scale, sm_scale, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+                IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
+                ds_layout: gl.constexpr, dqa_layout: gl.constexpr):
+    # DQA: float32 (total_rows, nheads * HEAD_DIM), zeroed by the caller; LSE, DELTA: (batch, nheads, seqlen)
+    dtype: gl.constexpr = Q.dtype.element_ty
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // nheads
+    h = bh % nheads
+    col = h * HEAD_DIM
+    row0 = b * seqlen
+    start_n = pid_n * BLOCK_N
+    q_desc = _head_tiles(Q, total_rows, q_row_stride, nheads, BLOCK_M, HEAD_DIM, q_layout)
+    do_desc = _head_tiles(DO, total_rows, do_row_stride, nheads, BLOCK_M, HEAD_DIM, q_layout)
+    k_desc = _head_tiles(K, total_rows, k_row_stride, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    v_desc = _head_tiles(V, total_rows, v_row_stride, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    dk_desc = _head_tiles(DK, total_rows, dk_row_stride, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    dv_desc = _head_tiles(DV, total_rows, dv_row_stride, nheads, BLOCK_N, HEAD_DIM, kv_layout)
+    dqa_desc = _head_tiles(DQA, total_rows, nheads * HEAD_DIM, nheads, BLOCK_M, HEAD_DIM, dqa_layout)
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_layout)
+    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)  # (1, BLOCK_M) per slot
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(DQ_STAGES):
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
+    fence_async_shared()
+
+    lo = start_n // BLOCK_M if IS_CAUSAL else 0  # query tiles that see any of these keys (seqlen_q == seqlen_k)
+    n_end = seqlen // BLOCK_M
+    stat_base = bh.to(gl.int64) * seqlen
+    # the argument tuples are written out in the call (a named tuple turns constexprs into tensors)
+    gl.warp_specialize([
+        (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
+                        kv_bar, ready, empty, dq_full, dq_empty, row0, col, start_n, lo, n_end, qk_scale, sm_scale,
+                        HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL, WARPS)),
+        (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE,
+                       DELTA, lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M, STAGES)),
+        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M, DQ_STAGES))],
+        [1, 1], [24, 24])
+
+
+def bwd_layouts(head_dim: int, dtype) -> dict:
+    """The shared layouts `_bwd_kernel` takes (its compute partition builds the register ones itself)."""
+    return dict(q_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, head_dim], dtype),
+                kv_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N, head_dim], dtype),
+                ds_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N, BWD_BLOCK_M], dtype),
+                dqa_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, head_dim], gl.float32))
+
+
+def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str | None:
+    """Why this backward cannot take these inputs (beyond kernels.flash's platform, layout and determinism checks),
+    or None."""
+    head_dim, seqlen = q.shape[-1], q.shape[1]
+    if head_dim != BWD_HEAD_DIM:
+        return f"head dim {head_dim}, not {BWD_HEAD_DIM} (slower than the two-kernel backward at 64)"
+    if varlen:
+        return "varlen"
+    if dropout_p > 0:
+        return "dropout"
+    if q.dtype not in _GL_DTYPES:
+        return f"{q.dtype}"
+    if q.shape[-2] != k.shape[-2]:
+        return "grouped-query attention (dK, dV would sum over the group)"
+    if seqlen != k.shape[1]:
+        return "seqlen_q != seqlen_k"
+    if seqlen % BWD_BLOCK_N:
+        return f"seqlen {seqlen} is not a multiple of {BWD_BLOCK_N}"
+    if seqlen < BWD_MIN_SEQLEN[causal]:
+        return f"seqlen {seqlen} below {BWD_MIN_SEQLEN[causal]}{' causal' if causal else ''}, where it is slower"
+    return None
+
+
+def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool) -> None:
+    """Fill dq, dk, dv (q's shape and dtype; any row stride TMA can write, e.g. views of one packed dqkv) with the
+    gradients of softmax_scale-scaled attention of q, k, v at do; lse: the forward's base-2 log-sum-exp and delta =
+    rowsum(dO * O), both (batch, nheads, seqlen) contiguous float32. The caller has checked `bwd_unsupported`, the
+    TMA layout of q, k, v, do, dk, dv (kernels.flash._ws_layout_problem) and installed Triton's allocator."""
+    batch, seqlen, nheads, head_dim = q.shape
+    if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
+        raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
+    dqa = torch.zeros(batch * seqlen, nheads * head_dim, dtype=torch.float32, device=q.device)
+    _bwd_kernel[(seqlen // BWD_BLOCK_N, batch * nheads)](
+        q, k, v, do, dk, dv, dqa, lse, delta, batch * seqlen, seqlen, nheads, q.stride(1), k.stride(1), v.stride(1),
+        do.stride(1), dk.stride(1), dv.stride(1), softmax_scale * 1.4426950408889634, softmax_scale, head_dim,
+        BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES, causal, BWD_WARPS,
+        **bwd_layouts(head_dim, _GL_DTYPES[q.dtype]), num_warps=BWD_WARPS)
+    torch.mul(dqa.view(q.shape), softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

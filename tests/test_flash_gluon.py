@@ -1,10 +1,11 @@
-"""The Gluon forward (kernels/flash_gluon.py) and kernels/flash.py's choice of it.
+"""The Gluon forward and backward (kernels/flash_gluon.py) and kernels/flash.py's choice of them.
 
-On the CPU: which calls it takes (`_gluon_unsupported`; the sm_90 platform simulated), that `_flash_fwd` hands
-them to it with the launcher's scale and returns what it wrote, that forced kernel choices (warp_spec) bypass it,
-and that it compiles for sm_90 without spills (the interpreter cannot run Gluon). On an sm_90 GPU: outputs, LSE
-and the gradients of the backward that reads them against float64, bounded as in test_flash.py; against the
-`@triton.jit` forward on the same inputs; reruns bit-identical; packed-qkv views; the automatic choice.
+On the CPU: which calls they take (`_gluon_unsupported`, `_gluon_bwd_unsupported`; the sm_90 platform simulated),
+that `_flash_fwd` / `_flash_bwd` hand them to it with the launcher's scale and buffers and return what they wrote,
+that forced kernel choices bypass them, and that they compile for sm_90 (the interpreter cannot run Gluon). On an
+sm_90 GPU: outputs, LSE and gradients against float64, bounded as in test_flash.py; against the `@triton.jit`
+kernels on the same inputs; reruns (bit-identical, but for the backward's dQ, which is summed in a varying order);
+packed-qkv views; deterministic mode; the automatic choice; CUDA graphs and torch.compile.
 """
 
 import pytest
@@ -38,7 +39,8 @@ def any_length(monkeypatch):
     and last key tiles, its one-tile programs and its causal edges."""
     from kernels import flash_gluon
 
-    monkeypatch.setattr(flash_gluon, "MIN_SEQLEN", {False: 0, True: 0})
+    monkeypatch.setattr(flash_gluon, "MIN_SEQLEN", dict.fromkeys(flash_gluon.MIN_SEQLEN, 0))
+    monkeypatch.setattr(flash_gluon, "BWD_MIN_SEQLEN", {False: 0, True: 0})
 
 
 def test_gluon_scope(as_if_sm90, monkeypatch):
@@ -49,6 +51,7 @@ def test_gluon_scope(as_if_sm90, monkeypatch):
     assert "below 2048 causal" in _why(q[:, :1024], k[:, :1024], v[:, :1024], causal=True)
     assert "below 1024" in _why(q[:, :512], k[:, :512], v[:, :512])
     q, k, v = _qkv(1, 1024, 1024, 4, 2, 128)
+    assert _why(*_qkv(1, 1024, 1024, 4, 2, 256)) is None and _why(*_qkv(1, 1024, 1024, 4, 2, 256), causal=True) is None
     cases = {
         "head dim 64": _qkv(1, 1024, 1024, 4, 4, 64),
         "not a multiple of 128": _qkv(1, 1000, 1000, 4, 4, 128),
@@ -100,24 +103,121 @@ def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
         assert len(calls) == 1
 
 
-def _compile_gluon_sm90(dtype: str, causal: bool) -> dict:
+def _compile_gluon_sm90(dtype: str, causal: bool, head_dim: int = 128) -> dict:
     """resources(kernels.flash_gluon._fwd_kernel) for sm_90, with the launcher's constexprs."""
+    import kernels.flash_gluon as G
+
+    block_m, block_n, stages = G.FWD_TILES[head_dim]
     setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
-             f"lay = lambda r: gl.NVMMASharedLayout.get_default_for([r, G.HEAD_DIM], gl.{dtype})")
-    consts = ("dict(HEAD_DIM=G.HEAD_DIM, BLOCK_M=G.BLOCK_M, BLOCK_N=G.BLOCK_N, STAGES=G.STAGES, "
-              f"IS_CAUSAL={causal}, q_layout=lay(G.BLOCK_M // 2), kv_layout=lay(G.BLOCK_N), "
+             f"lay = lambda r: gl.NVMMASharedLayout.get_default_for([r, {head_dim}], gl.{dtype})")
+    consts = (f"dict(HEAD_DIM={head_dim}, BLOCK_M={block_m}, BLOCK_N={block_n}, STAGES={stages}, "
+              f"IS_CAUSAL={causal}, q_layout=lay({block_m // 2}), kv_layout=lay({block_n}), "
               "CONSUMER_REGS=G.CONSUMER_REGS)")
-    return compile_sm90("G._fwd_kernel", consts, 4, 3, setup)
+    return compile_sm90("G._fwd_kernel", consts, 4, stages, setup)
 
 
 @needs_cuobjdump
 @pytest.mark.parametrize("causal", [False, True])
-def test_gluon_forward_compiles_for_sm90_without_spills(causal):
-    r = _compile_gluon_sm90("bfloat16", causal)
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_gluon_forward_compiles_for_sm90_without_spills(causal, head_dim):
+    import kernels.flash_gluon as G
+
+    r = _compile_gluon_sm90("bfloat16", causal, head_dim)
     assert r["stack"] == 0, r  # a spill in the consumers' 240 registers would cost the ping-pong its point
-    # Q's two halves and a 3-deep K/V ring of 128 x 128 bf16 tiles fit, within an H100's 227 KB per block
-    assert 2 * 64 * 128 * 2 + 3 * 2 * 128 * 128 * 2 <= r["smem"] <= 232448
+    # Q's two halves and a STAGES-deep K/V ring of bf16 tiles fit, within an H100's 227 KB per block
+    block_m, block_n, stages = G.FWD_TILES[head_dim]
+    assert (block_m + 2 * stages * block_n) * head_dim * 2 <= r["smem"] <= 232448
     assert r["ops"].get("HGMMA", 0) > 0 and r["ops"].get("SYNCS", 0) + r["ops"].get("UTMALDG", 0) > 0, r["ops"]
+
+
+# ------------------------------------------------------------------------------------ CPU: the backward's choice
+
+
+def _bwd_why(q, k, v, causal=False, dropout_p=0.0, varlen=False, do=None, grads=None, lse=None):
+    do = torch.empty_like(q) if do is None else do
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1]) if lse is None else lse
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)) if grads is None else grads
+    return F._gluon_bwd_unsupported(q, k, v, do, lse, lse, grads, causal, dropout_p, varlen)
+
+
+def test_gluon_backward_scope(as_if_sm90, monkeypatch):
+    q, k, v = _qkv(2, 2048, 2048, 4, 4, 128)
+    assert _bwd_why(q, k, v) is None and _bwd_why(q, k, v, causal=True) is None
+    packed = torch.randn(1, 2048, 3, 4, 128, dtype=torch.bfloat16)
+    assert _bwd_why(*packed.unbind(2), grads=torch.empty_like(packed).unbind(2)) is None  # packed qkv and dqkv
+    assert "below 2048 causal" in _bwd_why(q[:, :1024], k[:, :1024], v[:, :1024], causal=True)
+    assert "below 1024" in _bwd_why(q[:, :512], k[:, :512], v[:, :512])
+    cases = {
+        "head dim 64": _qkv(1, 1024, 1024, 4, 4, 64),
+        "grouped-query": _qkv(1, 1024, 1024, 4, 2, 128),
+        "not a multiple of 128": _qkv(1, 1000, 1000, 4, 4, 128),
+        "seqlen_q != seqlen_k": _qkv(1, 1024, 2048, 4, 4, 128),
+        "float32": _qkv(1, 1024, 1024, 4, 4, 128, torch.float32),
+    }
+    for words, args in cases.items():
+        assert words in _bwd_why(*args), words
+    q, k, v = _qkv(1, 1024, 1024, 4, 4, 128)
+    assert "dropout" in _bwd_why(q, k, v, dropout_p=0.1)
+    assert "varlen" in _bwd_why(q[0], k[0], v[0], varlen=True, lse=torch.empty(4, 1024))
+    assert "do: heads not side by side" in _bwd_why(q, k, v, do=q.transpose(1, 2).contiguous().transpose(1, 2))
+    assert "dk: " in _bwd_why(q, k, v, grads=(q, k.transpose(1, 2).contiguous().transpose(1, 2), v))
+    assert "gradient dtype" in _bwd_why(q, k, v, grads=(q.float(), k.float(), v.float()))
+    assert "LSE" in _bwd_why(q, k, v, lse=torch.empty(1, 1024, 4).transpose(1, 2))
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert "deterministic" in _bwd_why(q, k, v)
+    monkeypatch.undo()
+    monkeypatch.setattr(F, "GLUON_FORWARD", False)
+    assert "FLASH_GLUON=0" in _bwd_why(q, k, v)
+
+
+def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkeypatch):
+    """`_flash_bwd` gives the Gluon backward dO, q, k, v, the LSE, delta and its gradient buffers (views of one
+    dqkv for packed calls) with the softmax scale, and returns what it wrote; gluon=False never reaches it."""
+    from kernels import flash_gluon
+
+    calls = []
+
+    def fake(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal):
+        calls.append((softmax_scale, causal, delta.shape, dq.stride(1)))
+        for i, g in enumerate((dq, dk, dv)):
+            g.fill_(i + 1)
+
+    monkeypatch.setattr(flash_gluon, "gluon_backward", fake)
+    monkeypatch.setattr(F, "_ensure_tma_allocator", lambda: None)
+    monkeypatch.setattr(F, "bwd_preprocess", lambda o, do, *a: torch.zeros(o.shape[0], o.shape[2], o.shape[1]))
+    q, k, v = _qkv(2, 256, 256, 4, 4, 128, torch.float16)
+    lse = torch.zeros(2, 4, 256)
+    grads = F._flash_bwd(torch.randn_like(q), q, k, v, q, lse, lse, 0.125, True, 0.0, False, None, None, 256, 256)
+    assert calls == [(0.125, True, (2, 4, 256), 4 * 128)]
+    assert all((g == i + 1).all() for i, g in enumerate(grads))
+    qkv = torch.stack((q, k, v), dim=2)
+    dqkv = F._bwd_packed(torch.randn_like(q), qkv, q, lse, lse, None, 256, 0.125, False, 0.0)
+    assert calls[1] == (0.125, False, (2, 4, 256), 3 * 4 * 128)  # written into the packed gradient's views
+    assert all((dqkv[:, :, i] == i + 1).all() for i in range(3))
+    if F._interpreting():  # the forced path launches the @triton.jit kernels, which only the interpreter runs here
+        q32, k32, v32 = (x[:1, :32].float() for x in (q, k, v))
+        F._flash_bwd(torch.randn_like(q32), q32, k32, v32, q32, lse[:1, :, :32].contiguous(), lse, 0.125, False, 0.0,
+                     False, None, None, 32, 32, gluon=False)
+        assert len(calls) == 2
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("causal", [False, True])
+def test_gluon_backward_compiles_for_sm90(causal):
+    import kernels.flash_gluon as G
+
+    setup = "import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl"
+    consts = (f"dict(HEAD_DIM=128, BLOCK_M=G.BWD_BLOCK_M, BLOCK_N=G.BWD_BLOCK_N, STAGES=G.BWD_STAGES, "
+              f"DQ_STAGES=G.BWD_DQ_STAGES, IS_CAUSAL={causal}, WARPS=G.BWD_WARPS, "
+              f"**G.bwd_layouts(128, gl.bfloat16))")
+    r = compile_sm90("G._bwd_kernel", consts, G.BWD_WARPS, G.BWD_STAGES, setup)
+    # 24 / 32 bytes of spill stack, as the measured prototype had (results/attention/gluon_bwd/compile_sm90.txt): more
+    # would be a change to re-measure
+    assert r["stack"] <= 32, r
+    # K, V, a 2-deep Q / dO ring, dS^T (bf16) and a 2-deep float32 dQ ring fit within an H100's 227 KB per block
+    tiles = (2 * 128 * 128 + 2 * G.BWD_STAGES * 64 * 128 + 128 * 64) * 2 + G.BWD_DQ_STAGES * 64 * 128 * 4
+    assert tiles <= r["smem"] <= 232448, r
+    assert r["ops"].get("HGMMA", 0) > 0 and r["ops"].get("UTMALDG", 0) > 0, r["ops"]
 
 
 # ------------------------------------------------------------------------------------ GPU (sm_90) only
@@ -137,6 +237,18 @@ def test_gpu_gluon_matches_reference(case, dtype, any_length, monkeypatch):
     forward: check_ws forces warp_spec=True, so it is pointed at the automatic choice here."""
     b, n, h, hk, causal = case
     q, k, v = _qkv(b, n, n, h, hk, 128, dtype, "cuda")
+    assert _why(q, k, v, causal) is None
+    flash_fwd = F._flash_fwd
+    monkeypatch.setattr(F, "_flash_fwd", lambda *a, warp_spec=None, **kw: flash_fwd(*a, **kw))
+    check_ws(q, k, v, causal)
+
+
+@pytest.mark.gpu
+@gluon_gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_head_dim_256_matches_reference(causal, any_length, monkeypatch):
+    """The forward's 64-key tiles at head dim 256 (with the @triton.jit backward from its O and LSE)."""
+    q, k, v = _qkv(2, 512, 512, 4, 2, 256, torch.bfloat16, "cuda")
     assert _why(q, k, v, causal) is None
     flash_fwd = F._flash_fwd
     monkeypatch.setattr(F, "_flash_fwd", lambda *a, warp_spec=None, **kw: flash_fwd(*a, **kw))
@@ -179,13 +291,72 @@ def test_gpu_gluon_chosen_automatically():
     assert torch.equal(F.flash_attn_func(q, k, v, causal=True), o)
 
 
+def _close(a, b, rel=2e-2):
+    """a within rel of b's largest magnitude: two exact computations in 16-bit, different in summation order."""
+    assert (a.float() - b.float()).abs().max().item() <= rel * b.float().abs().max().item()
+
+
 @pytest.mark.gpu
 @gluon_gpu
-def test_gpu_gluon_under_cuda_graph_and_compile():
-    """The Gluon forward builds its TMA descriptors on the device in scratch from Triton's allocator: a captured
-    CUDA graph replays it on new inputs, and torch.compile(fullgraph=True) traces the custom op around it; both
-    give the eager result, with the gradients the backward computes from its LSE."""
-    q, k, v = (x.requires_grad_() for x in _qkv(1, 2048, 2048, 4, 2, 128, torch.bfloat16, "cuda"))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_backward_vs_triton_reruns_packed_and_deterministic(causal, dtype, any_length):
+    """Against the @triton.jit backward on the same O and LSE; reruns: dK, dV bit-identical (one program owns each
+    key tile), dQ equal up to its varying summation order; written into a packed dqkv's views; deterministic mode
+    runs the @triton.jit kernels."""
+    b, n, h = 2, 1024, 8
+    q, k, v = _qkv(b, n, n, h, h, 128, dtype, "cuda")
+    do = torch.randn_like(q)
+    scale = 128 ** -0.5
+    o, lse, seed = F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, n, n)
+
+    def bwd(q, k, v, gluon=True, out=None):
+        return F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False, None, None, n, n, gluon=gluon,
+                            out=out)
+
+    assert F._gluon_bwd_unsupported(q, k, v, do, lse, lse, (q, k, v), causal, 0.0, False) is None
+    gl_grads, tr_grads = bwd(q, k, v), bwd(q, k, v, False)
+    for g, t in zip(gl_grads, tr_grads):
+        assert not torch.isnan(g).any()
+        _close(g, t)
+    for _ in range(3):  # a race between the loader, the compute warps and the dQ writer would show here
+        dq, dk, dv = bwd(q, k, v)
+        assert torch.equal(dk, gl_grads[1]) and torch.equal(dv, gl_grads[2])
+        _close(dq, gl_grads[0], 1e-3)
+    qkv = torch.stack((q, k, v), dim=2)
+    dqkv = torch.empty_like(qkv)
+    bwd(*qkv.unbind(2), out=dqkv.unbind(2))
+    assert torch.equal(dqkv[:, :, 1], gl_grads[1]) and torch.equal(dqkv[:, :, 2], gl_grads[2])
+    _close(dqkv[:, :, 0], gl_grads[0], 1e-3)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert "deterministic" in F._gluon_bwd_unsupported(q, k, v, do, lse, lse, (q, k, v), causal, 0.0, False)
+        assert all(torch.equal(a, b) for a, b in zip(bwd(q, k, v), tr_grads))
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.gpu
+@gluon_gpu
+def test_gpu_gluon_backward_chosen_automatically(monkeypatch):
+    from kernels import flash_gluon
+
+    calls = []
+    real = flash_gluon.gluon_backward
+    monkeypatch.setattr(flash_gluon, "gluon_backward", lambda *a: calls.append(1) or real(*a))
+    q, k, v = (x.requires_grad_() for x in _qkv(1, 2048, 2048, 4, 4, 128, torch.bfloat16, "cuda"))
+    F.flash_attn_func(q, k, v, causal=True).sum().backward()
+    assert calls == [1] and not torch.isnan(q.grad).any()
+
+
+@pytest.mark.gpu
+@gluon_gpu
+@pytest.mark.parametrize("nheads_k", [2, 4], ids=["gqa-triton-backward", "mha-gluon-backward"])
+def test_gpu_gluon_under_cuda_graph_and_compile(nheads_k):
+    """The Gluon kernels build their TMA descriptors on the device in scratch from Triton's allocator: a captured
+    CUDA graph replays them on new inputs, and torch.compile(fullgraph=True) traces the custom ops around them; both
+    give the eager result (dQ of the Gluon backward up to its varying summation order)."""
+    q, k, v = (x.requires_grad_() for x in _qkv(1, 2048, 2048, 4, nheads_k, 128, torch.bfloat16, "cuda"))
     assert _why(q, k, v, causal=True) is None
     do = torch.randn_like(q)
 
@@ -194,10 +365,17 @@ def test_gpu_gluon_under_cuda_graph_and_compile():
         return (out, *torch.autograd.grad(out, (q, k, v), do))
 
     eager = step(q, k, v)
+
+    def same(got, want):
+        for i, (a, b) in enumerate(zip(got, want)):
+            if i == 1 and nheads_k == 4:
+                _close(a, b, 1e-3)
+            else:
+                assert torch.equal(a, b), i
+
     out = torch.compile(lambda q, k, v: F.flash_attn_func(q, k, v, causal=True), fullgraph=True)(q, k, v)
     compiled = (out, *torch.autograd.grad(out, (q, k, v), do))
-    for a, b in zip(compiled, eager):
-        assert torch.equal(a, b)
+    same(compiled, eager)
 
     static = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     with torch.no_grad():
@@ -215,5 +393,4 @@ def test_gpu_gluon_under_cuda_graph_and_compile():
         for x, src in zip(static, (q, k, v)):
             x.copy_(src)
     graph.replay()
-    for a, b in zip(captured, eager):
-        assert torch.equal(a, b)
+    same(captured, eager)

@@ -17,10 +17,14 @@ transposed (keys down, queries across) so that P^T and dS^T are already the regi
 then dK (times the softmax scale) and dV out by TMA, and dQ = scale * buffer in one elementwise pass.
 
 Measured on the H100 (session 24, README.md): correct, 0.64-0.89x our backward. Two variants, compiled in session 24
-and not yet run: ws (`_attn_bwd_ws`) keeps that loop body on 8 compute warps and gives the loads to a loader warp
-and the dQ reduce (TMA, from a shared-memory ring) to a dQ warp, as FlashAttention-3's backward divides the work;
-pp (`_attn_bwd_pp`) also lets the two compute warpgroups work apart (each its own 64 keys and dQ partial), so one's
-softmax overlaps the other's matmuls.
+and run in session 25: ws keeps that loop body on 8 compute warps and gives the loads to a loader warp and the dQ
+reduce (TMA, from a shared-memory ring) to a dQ warp, as FlashAttention-3's backward divides the work: 1.24-1.39x our
+backward at head dim 128, shipped as kernels/flash_gluon.py's `_bwd_kernel`, which "ws" now runs; pp
+(`_attn_bwd_pp`) also lets the two compute warpgroups work apart (each its own 64 keys and dQ partial), so one's
+softmax overlaps the other's matmuls: 1.06-1.19x, behind ws.
+
+    python results/attention/gluon_bwd/gluon_bwd.py ab         # GPU: the shipped backward in kernels/flash.py vs
+                                                                 # its @triton.jit one and cuDNN, 512 to 16K tokens
 
 Scope: dense self-attention, (batch, seqlen, heads, head_dim) contiguous bf16, head dim 64 or 128, seqlen a multiple
 of 128, causal or not, no dropout. dQ's summation order varies from run to run (atomics, or TMA reduces).
@@ -220,33 +224,15 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
     _store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, row0 + start_n, col)
 
 
-# ---- Variant WS (session 24, compiled, not yet run): FlashAttention-3's division of labour. The measured one-warpgroup-
-# -pair kernel above waits, per query tile, for its loads, its five wgmma and its dQ reduce in turn. Here a loader warp
-# owns the TMA loads (K, V once; Q and dO into a STAGES-deep ring, a slot refilled once the compute warps release it)
-# and a dQ warp owns the reduce: the compute warps leave each dQ tile in a DQ_STAGES-deep shared-memory ring and go
-# on to the next query tile while the dQ warp adds it to the float32 buffer by TMA and frees the slot. The compute
-# partition is the kernel's 8 warps (two warpgroups of 64 keys), with the loop body of `_attn_bwd`.
-
-
-@_core.builtin
-def tma_reduce_add_shared(desc, coord, src, _semantic=None):
-    """desc[coord block] += src (a shared-memory tile in desc's layout), asynchronously through the TMA unit; wait
-    with tma.store_wait. Gluon 3.6's GluonOpBuilder has the op (`create_async_tma_reduce`) but no Python wrapper."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord, src.handle)
-
-
-@gluon.constexpr_function
-def _acc_layout(warps, n):
-    """A wgmma accumulator's layout, one warp per 16 rows (the compute partition builds its register layouts: they
-    do not pass through warp_specialize's arguments); as `layouts` makes them for the one-partition kernel."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16])
+# ---- Variant WS (session 24; measured in session 25, shipped): FlashAttention-3's division of labour, a loader warp
+# and a dQ writer warp beside the 8 compute warps. It is now kernels/flash_gluon.py's `_bwd_kernel` (with row strides
+# for packed qkv views), which "ws" runs; session 25's sweep of three configs ran this file's own copy at f6fbeb9.
+from kernels.flash_gluon import _acc_layout, _row_layout, gluon_backward as shipped_backward, tma_reduce_add_shared  # noqa: E402,E501
 
 
 @gluon.constexpr_function
 def _op_layout(warps, n):
-    return gl.DotOperandLayout(operand_index=0, parent=gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16]), k_width=2)
+    return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(warps, n), k_width=2)
 
 
 @gluon.constexpr_function
@@ -255,143 +241,6 @@ def _dq_layout(warps, head_dim, block_m):
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, block_m, 16])
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps // 4],
                                      instr_shape=[16, head_dim // (warps // 4), 16])
-
-
-@gluon.constexpr_function
-def _row_layout(n):
-    """A (1, n) row over one warp's 32 threads (the loader's LSE and delta tiles)."""
-    return gl.BlockedLayout([1, max(n // 32, 1)], [1, 32], [1, 1], [1, 0])
-
-
-@gluon.jit
-def _ws_bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE, DELTA,
-                   lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M: gl.constexpr,
-                   STAGES: gl.constexpr, STATS_SMEM: gl.constexpr):
-    TILE_BYTES: gl.constexpr = q_smem.shape[1] * q_smem.shape[2] * q_smem.dtype.primitive_bitwidth // 8
-    KV_BYTES: gl.constexpr = k_smem.shape[0] * k_smem.shape[1] * k_smem.dtype.primitive_bitwidth // 8
-    mbarrier.expect(kv_bar, 2 * KV_BYTES)
-    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, col], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_bar, v_smem)
-    for i in range(lo, n_end):
-        t = i - lo
-        slot = t % STAGES
-        mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        if STATS_SMEM:  # stored before the expect's arrive, which releases them to the compute warps with the tile
-            offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
-            lse_smem.index(slot).store(gl.load(LSE + stat_base + offs))
-            delta_smem.index(slot).store(gl.load(DELTA + stat_base + offs))
-        mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot), q_smem.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [row0 + i * BLOCK_M, col], ready.index(slot), do_smem.index(slot))
-
-
-@gluon.jit
-def _ws_bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M: gl.constexpr,
-                      DQ_STAGES: gl.constexpr):
-    for i in range(lo, n_end):
-        t = i - lo
-        s = t % DQ_STAGES
-        mbarrier.wait(dq_full.index(s), (t // DQ_STAGES) & 1)
-        tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
-        tma.store_wait(0)  # the TMA unit has read the slot
-        mbarrier.arrive(dq_empty.index(s))
-
-
-@gluon.jit
-def _ws_bwd_compute(LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                    delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo, n_end,
-                    qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                    STATS_SMEM: gl.constexpr):
-    DQ_T: gl.constexpr = BLOCK_M < 64
-    st_layout: gl.constexpr = _acc_layout(8, BLOCK_M)
-    kv_acc_layout: gl.constexpr = _acc_layout(8, HEAD_DIM)
-    op_layout: gl.constexpr = _op_layout(8, HEAD_DIM)
-    dq_layout: gl.constexpr = _dq_layout(8, HEAD_DIM, BLOCK_M)
-    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
-    qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
-    st_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
-    if DQ_T:
-        dq_init = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, layout=dq_layout)
-    else:
-        dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
-    mbarrier.wait(kv_bar, 0)
-
-    for i in range(lo, n_end):
-        t = i - lo
-        slot = t % STAGES
-        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        dv, dk, dq = _bwd_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, LSE, DELTA, stat_base,
-                               lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init, dq_init,
-                               dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, IS_CAUSAL, DQ_T, STATS_SMEM)
-        mbarrier.arrive(empty.index(slot))  # Q_i and dO_i are read: the loader may refill the slot
-        s = t % DQ_STAGES
-        mbarrier.wait(dq_empty.index(s), ((t // DQ_STAGES) & 1) ^ 1)
-        if DQ_T:
-            dq_smem.index(s).store(gl.permute(dq, [1, 0]))
-        else:
-            dq_smem.index(s).store(dq)
-        fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-        mbarrier.arrive(dq_full.index(s))
-
-    _store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, row0 + start_n, col)
-
-
-@gluon.jit
-def _attn_bwd_ws(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, qk_scale, sm_scale,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
-                 ds_layout: gl.constexpr, dqa_layout: gl.constexpr, STATS_SMEM: gl.constexpr):
-    dtype: gl.constexpr = Q.dtype.element_ty
-    pid_n = gl.program_id(0)
-    bh = gl.program_id(1)
-    b = bh // nheads
-    h = bh % nheads
-    col = h * HEAD_DIM
-    row0 = b * seqlen
-    start_n = pid_n * BLOCK_N
-    q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc = _bwd_descriptors(
-        Q, K, V, DO, DK, DV, DQA, total_rows, nheads, BLOCK_M, BLOCK_N, HEAD_DIM, q_layout, kv_layout, dqa_layout)
-
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_layout)
-    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)  # (1, BLOCK_M) per slot
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
-    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(DQ_STAGES):
-        mbarrier.init(dq_full.index(i), count=1)
-        mbarrier.init(dq_empty.index(i), count=1)
-    fence_async_shared()
-
-    lo = start_n // BLOCK_M if IS_CAUSAL else 0  # query tiles that see any of these keys
-    n_end = seqlen // BLOCK_M
-    stat_base = bh.to(gl.int64) * seqlen
-    # the argument tuples are written out in the call (a named tuple turns constexprs into tensors)
-    gl.warp_specialize([
-        (_ws_bwd_compute, (LSE, DELTA, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                           delta_smem, kv_bar, ready, empty, dq_full, dq_empty, stat_base, row0, col, start_n, lo,
-                           n_end, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL,
-                           STATS_SMEM)),
-        (_ws_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE,
-                          DELTA, lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M, STAGES,
-                          STATS_SMEM)),
-        (_ws_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M, DQ_STAGES))],
-        [1, 1], [24, 24])
 
 
 # ---- Variant PP (session 24, compiled, not yet run): the two compute warpgroups work apart, as the forward's ws
@@ -606,37 +455,23 @@ def gluon_backward(do, q, k, v, o, lse2, causal: bool, config=CONFIGS[0]):
 
 # ws: (BLOCK_M queries per step, STAGES of the Q / dO ring, DQ_STAGES of the dQ ring, LSE and delta through shared
 # memory by the loader warp rather than loaded by the compute warps); dQ always by the TMA reduce
-WS_CONFIGS = [(64, 2, 2, True), (32, 3, 2, True), (32, 3, 2, False)]
+WS_CONFIGS = [(64, 2, 2, True)]  # session 25 also ran (32, 3, 2, True) and (32, 3, 2, False): slower (README.md)
 # pp: (BLOCK_M queries per step, STAGES of the Q / dO ring, DQ_STAGES of each warpgroup's dQ ring)
 PP_CONFIGS = [(32, 3, 2), (16, 4, 2)]
 ALL_CONFIGS = CONFIGS + [("ws", *c) for c in WS_CONFIGS] + [("pp", *c) for c in PP_CONFIGS]
 
 
 def gluon_backward_ws(do, q, k, v, o, lse2, causal: bool, config=WS_CONFIGS[0]):
-    """As gluon_backward, with the warp-specialised kernel; config (BLOCK_M, STAGES, DQ_STAGES, STATS_SMEM)."""
+    """As gluon_backward, with the shipped warp-specialised kernel (kernels/flash_gluon.py), whose one config this is."""
     import kernels.flash as F
 
-    block_m, stages, dq_stages, stats_smem = config
-    batch, seqlen, nheads, head_dim = q.shape
-    if head_dim not in (64, 128) or seqlen % BLOCK_N or q.dtype != torch.bfloat16:
-        raise ValueError(f"bf16, head dim 64 or 128, seqlen a multiple of {BLOCK_N}; got {q.shape} {q.dtype}")
-    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    if tuple(config) != WS_CONFIGS[0]:
+        raise ValueError(f"the shipped kernel runs {WS_CONFIGS[0]} only")
     F._ensure_tma_allocator()
     delta = F.bwd_preprocess(o, do)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dqa = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    scale = 1.0 / math.sqrt(head_dim)
-    _attn_bwd_ws[(seqlen // BLOCK_N, batch * nheads)](
-        q, k, v, do, dk, dv, dqa, lse2.contiguous(), delta, batch * seqlen, seqlen, nheads, scale * LOG2E, scale,
-        head_dim, block_m, BLOCK_N, stages, dq_stages, causal, **ws_layouts(head_dim, block_m), STATS_SMEM=stats_smem,
-        num_warps=WARPS)
-    return (dqa * scale).to(q.dtype), dk, dv
-
-
-def ws_layouts(head_dim: int, block_m: int) -> dict:
-    """The shared layouts `_attn_bwd_ws` takes (its compute partition builds the register ones itself)."""
-    lay = layouts(head_dim, block_m, True)
-    return {name: lay[name] for name in ("q_layout", "kv_layout", "ds_layout", "dqa_layout")}
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    shipped_backward(do, q, k, v, lse2.contiguous(), delta, dq, dk, dv, 1.0 / math.sqrt(q.shape[-1]), causal)
+    return dq, dk, dv
 
 
 def pp_layouts(head_dim: int, block_m: int, dtype=gl.bfloat16) -> dict:
@@ -697,14 +532,16 @@ def compile_report():
                 print(f"hd {head_dim} causal {causal} (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} warps, stages "
                       f"{stages}, dQ {'TMA reduce' if dq_tma else 'atomics'}): regs {r['regs']}, spill stack "
                       f"{r['stack']} B, smem {r['smem']} B", flush=True)
-            for block_m, stages, dq_stages, stats_smem in WS_CONFIGS:
-                consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
-                              IS_CAUSAL=causal, STATS_SMEM=stats_smem, **ws_layouts(head_dim, block_m))
-                r = resources(_attn_bwd_ws, consts, WARPS, stages)
-                print(f"hd {head_dim} causal {causal} ws (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} compute warps "
-                      f"+ loader + dQ writer, stages {stages}, dQ stages {dq_stages}, LSE/delta "
-                      f"{'by the loader' if stats_smem else 'by the compute warps'}): regs {r['regs']}, spill stack "
-                      f"{r['stack']} B, smem {r['smem']} B", flush=True)
+            import kernels.flash_gluon as G  # the shipped ws kernel
+
+            consts = dict(HEAD_DIM=head_dim, BLOCK_M=G.BWD_BLOCK_M, BLOCK_N=G.BWD_BLOCK_N, STAGES=G.BWD_STAGES,
+                          DQ_STAGES=G.BWD_DQ_STAGES, IS_CAUSAL=causal, WARPS=G.BWD_WARPS,
+                          **G.bwd_layouts(head_dim, gl.bfloat16))
+            r = resources(G._bwd_kernel, consts, G.BWD_WARPS, G.BWD_STAGES)
+            print(f"hd {head_dim} causal {causal} ws (shipped: BLOCK_M {G.BWD_BLOCK_M}, BLOCK_N {G.BWD_BLOCK_N}, "
+                  f"{G.BWD_WARPS} compute warps + loader + dQ writer, stages {G.BWD_STAGES}, dQ stages "
+                  f"{G.BWD_DQ_STAGES}, LSE/delta by the loader): regs {r['regs']}, spill stack {r['stack']} B, smem "
+                  f"{r['smem']} B", flush=True)
             for block_m, stages, dq_stages in PP_CONFIGS:
                 consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                               IS_CAUSAL=causal, **pp_layouts(head_dim, block_m))
@@ -786,9 +623,45 @@ def bench(kinds=("one", "ws", "pp")):
               f"cuDNN {cudnn:.3f} ms ({flops / cudnn * 1e-9:.0f}) | " + " | ".join(cells), flush=True)
 
 
+def ab():
+    """The shipped backward as kernels/flash.py runs it (`_flash_bwd`, delta and dQ's scaling included) against the
+    same launcher's @triton.jit kernels (autotuned) and cuDNN's backward, head dim 128, bf16, 16K tokens a batch,
+    16 heads, every length from 512: where it is faster decides flash_gluon.BWD_MIN_SEQLEN."""
+    from triton.testing import do_bench
+
+    import kernels.flash as F
+    import kernels.flash_gluon as G
+
+    G.BWD_MIN_SEQLEN = {False: 0, True: 0}
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    for causal in (False, True):
+        for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
+            batch, nheads, head_dim = 16384 // seqlen, 16, 128
+            q, k, v, do, o, lse2, seed, scale = _inputs(batch, seqlen, nheads, head_dim, causal)
+            flops = 2.5 * 4 * batch * nheads * seqlen * seqlen * head_dim / (2 if causal else 1)
+
+            def bwd(gluon):
+                return F._flash_bwd(do, q, k, v, o, lse2, seed, scale, causal, 0.0, False, None, None, seqlen, seqlen,
+                                    gluon=gluon)
+
+            assert F._gluon_bwd_unsupported(q, k, v, do, lse2, lse2, (q, k, v), causal, 0.0, False) is None
+            diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(bwd(True), bwd(False)))
+            qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+                out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                dot = do.transpose(1, 2)
+                cudnn = do_bench(lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True))
+            triton_ms = do_bench(lambda: bwd(False))
+            gluon_ms = do_bench(lambda: bwd(True))
+            print(f"hd {head_dim} n {seqlen} causal {causal}: gluon {gluon_ms:.3f} ms ({flops / gluon_ms * 1e-9:.0f} "
+                  f"TF/s) | triton {triton_ms:.3f} ms ({flops / triton_ms * 1e-9:.0f}) | cuDNN {cudnn:.3f} ms "
+                  f"({flops / cudnn * 1e-9:.0f}) | gluon x{triton_ms / gluon_ms:.2f} triton, x{cudnn / gluon_ms:.2f} "
+                  f"cuDNN | max |gluon - triton| {diff:.1e}", flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "bench"
     if mode == "compile":
         compile_report()
     else:  # check / bench [one ws pp]: the kernels to run, all by default
-        {"check": check, "bench": bench}[mode](*([tuple(sys.argv[2:])] if len(sys.argv) > 2 else []))
+        {"check": check, "bench": bench, "ab": lambda: ab()}[mode](*([tuple(sys.argv[2:])] if len(sys.argv) > 2 else []))
