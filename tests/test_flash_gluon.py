@@ -51,7 +51,8 @@ def test_gluon_scope(as_if_sm90, monkeypatch):
     assert "below 2048 causal" in _why(q[:, :1024], k[:, :1024], v[:, :1024], causal=True)
     assert "below 1024" in _why(q[:, :512], k[:, :512], v[:, :512])
     q, k, v = _qkv(1, 1024, 1024, 4, 2, 128)
-    assert _why(*_qkv(1, 1024, 1024, 4, 2, 256)) is None and _why(*_qkv(1, 1024, 1024, 4, 2, 256), causal=True) is None
+    assert _why(*_qkv(1, 512, 512, 4, 2, 256)) is None and _why(*_qkv(1, 512, 512, 4, 2, 256), causal=True) is None
+    assert "below 512" in _why(*_qkv(1, 256, 256, 4, 2, 256))
     cases = {
         "head dim 64": _qkv(1, 1024, 1024, 4, 4, 64),
         "not a multiple of 128": _qkv(1, 1000, 1000, 4, 4, 128),

@@ -30,6 +30,7 @@ route is worth the features.
     python results/attention/gluon_fwd/gluon_fwd.py compile    # CPU: compiles for sm_90, registers / spills / smem
     python results/attention/gluon_fwd/gluon_fwd.py check [plain|ws] [hd256]  # GPU: against float64 attention and ours
     python results/attention/gluon_fwd/gluon_fwd.py bench [plain ws] [hd256]  # GPU: forward ms against ours, FA2, cuDNN
+    python results/attention/gluon_fwd/gluon_fwd.py short      # GPU: the shipped forward at 512-2K, with and without Gluon
 """
 import math
 import sys
@@ -306,10 +307,46 @@ def bench(variants=tuple(VARIANTS), head_dims=(64, 128)):
                       + " | ".join(cells), flush=True)
 
 
+def short():
+    """The shipped forward at the short lengths that decide flash_gluon.MIN_SEQLEN: kernels/flash.py's forward with
+    the Gluon kernel (its length limit lifted) against the same launcher without it (FLASH_GLUON=0's path, autotuned)
+    and FlashAttention-2, head dims 128 and 256, bf16, 16K tokens a batch."""
+    from triton.testing import do_bench
+
+    import kernels.flash as F
+    import kernels.flash_gluon as G
+
+    G.MIN_SEQLEN = dict.fromkeys(G.MIN_SEQLEN, 0)
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    for head_dim in (128, 256):
+        for causal in (False, True):
+            for seqlen in (512, 1024, 2048):
+                batch, nheads = 16384 // seqlen, 2048 // head_dim
+                q, k, v = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16)
+                           for _ in range(3))
+                flops = 4 * batch * nheads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                assert F._gluon_unsupported(q, k, v, causal, 0.0, False, None) is None
+                times = {}
+                for name, on in (("gluon", True), ("triton", False)):
+                    F.GLUON_FORWARD = on
+                    times[name] = do_bench(lambda: F.flash_attn_func(q, k, v, causal=causal))
+                F.GLUON_FORWARD = True
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                    fa2 = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                                          is_causal=causal))
+                g, t = times["gluon"], times["triton"]
+                print(f"hd {head_dim} n {seqlen} causal {causal}: gluon {g:.3f} ms ({flops / g * 1e-9:.0f} TF/s) | "
+                      f"triton {t:.3f} ms ({flops / t * 1e-9:.0f}) | FA2 {fa2:.3f} ms ({flops / fa2 * 1e-9:.0f}) | "
+                      f"gluon x{t / g:.2f} triton, x{fa2 / g:.2f} FA2", flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "bench"
     if mode == "compile":
         compile_report()
+    elif mode == "short":
+        short()
     else:  # check / bench [variant ...] [hd<D> ...], e.g. `check ws hd256`
         words = sys.argv[2:]
         kwargs = {}
