@@ -11,7 +11,8 @@ Algorithm
   attention, over the query heads of the group) and dQ (one program per query block; loops over key
   blocks). No atomics, so reruns are bit-identical. With dropout at head dims up to 32 on Hopper a fused form
   (`_fused_bwd`) adds dQ from the dK/dV kernel through the TMA reduce instead, drawing a dropout mask once; its
-  dQ summation order varies, so deterministic mode (torch.use_deterministic_algorithms) keeps the two kernels.
+  dQ summation order varies, as the Gluon backward's does (below), so deterministic mode
+  (torch.use_deterministic_algorithms) keeps the two kernels.
 - Causal masking is bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). Tiles that
   are fully masked are skipped; only the tiles on the diagonal and at the sequence end pay for masking
   (two loop stages per kernel). A query row that sees no key gets O = 0, LSE = -inf, zero gradient.
@@ -28,11 +29,13 @@ Algorithm
   (see `_fwd_ws`). The launcher chooses it (`_fwd_kind`) on sm_90 at head dim 128 without dropout, for
   16-byte aligned inputs whose heads and batches lie side by side; elsewhere, and always under the
   interpreter, the forward is the two-stage loop. The backward does not use it.
-- Gluon (Hopper, `kernels/flash_gluon.py`): where its scope holds (sm_90, Triton 3.6, fp16/bf16, head dim 128,
-  seqlen_q == seqlen_k a multiple of 128 from 1K (2K causal), no dropout or varlen), the forward is
-  FlashAttention-3's ping-pong of two consumer warpgroups and a loader warp instead (1.07-1.21x the kernels here);
-  `_gluon_unsupported` says why not elsewhere, and FLASH_GLUON=0 turns it off. Same outputs and LSE, so the
-  backward is this module's.
+- Gluon (Hopper, `kernels/flash_gluon.py`), on sm_90 with Triton 3.6, fp16/bf16, seqlen_q == seqlen_k a multiple
+  of 128, no dropout or varlen. Forward at head dims 128 (from 1K tokens, 2K causal) and 256 (from 512):
+  FlashAttention-3's ping-pong of two consumer warpgroups and a loader warp (1.07-1.21x / 1.2-1.9x the forward
+  here); same outputs and LSE. Backward at head dim 128 without GQA (from 1K, 2K causal), outside deterministic
+  mode: one kernel with a loader warp and a dQ warp beside 8 compute warps, dQ added by TMA reduces (1.14-1.39x the
+  two kernels here). `_gluon_unsupported` / `_gluon_bwd_unsupported` say why not elsewhere; FLASH_GLUON=0 turns
+  both off.
 
 Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact under the
 interpreter), head dims that are multiples of 8 up to 256 (padded to a power of two with masked

@@ -1,11 +1,11 @@
-"""The attention forward for Hopper written in Gluon: FlashAttention-3's warp-specialised ping-pong.
+"""Attention for Hopper written in Gluon: FlashAttention-3's warp-specialised forward and backward.
 
 Gluon (`triton.experimental.gluon`, shipped with Triton 3.6) makes shared-memory buffers, mbarriers, TMA copies,
 asynchronous wgmma and warp specialisation explicit. FlashAttention-3's structure (Shah et al., 2024, section 3.1)
-can be written in it but not in `@triton.jit`:
+can be written in it but not in `@triton.jit`. The forward:
 
     one program = 128 query rows of one (batch, head); three partitions:
-    loader (1 warp, 24 registers)   Q's two 64-row halves by TMA once, then K(j), V(j) into a 3-deep ring;
+    loader (1 warp, 24 registers)   Q's two 64-row halves by TMA once, then K(j), V(j) into a STAGES-deep ring;
                                     a slot is refilled once both consumers have released it (count-2 mbarrier)
     consumer w = 0, 1 (4 warps each) 64 query rows: S(j) = Q K(j)^T and O += P(j-1) V(j-1) as async wgmma,
                                     issued in turn with the other consumer (two mbarriers): one warpgroup's softmax
@@ -14,14 +14,15 @@ can be written in it but not in `@triton.jit`:
 ptxas places the wait for P V before the softmax's exponentials whatever the source order, so the overlap inside one
 warpgroup that FlashAttention-3's paper also describes does not survive; the overlap between the two warpgroups
 does (results/attention/gluon_fwd/README.md). Measured on one H100 against the `@triton.jit` forward: 1.07-1.21x
-at head dim 128 from 1K tokens, 0.88-1.03x cuDNN's from 4K (results/attention/gluon_fwd/bench_h100.txt); in the
-product, 0.87-1.04x cuDNN's from 4K (results/attention/h100.md).
+at head dim 128 from 1K tokens (results/attention/gluon_fwd/bench_h100.txt), 1.2-1.9x at 256 from 512
+(short_h100.txt, bench_h100_hd256.txt). The backward (`_bwd_kernel`, below) has its own account.
 
-Scope, checked by `unsupported` (kernels/flash.py runs its `@triton.jit` forward everywhere else): an sm_90 GPU,
-fp16/bf16, head dim 128, no dropout, no varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view runs one
-batch's rows into the next one's, so the tiles must not cross it) and at least MIN_SEQLEN. Grouped-query attention
-and any row stride that TMA can read (q, k, v as views of a packed qkv) are supported. The output and the base-2
-log-sum-exp are the ones `kernels.flash._fwd_kernel` writes, so its backward takes them unchanged.
+Scope, checked by `unsupported` / `bwd_unsupported` (kernels/flash.py runs its `@triton.jit` kernels everywhere
+else): an sm_90 GPU, fp16/bf16, no dropout, no varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view
+runs one batch's rows into the next one's, so the tiles must not cross it) and at least MIN_SEQLEN /
+BWD_MIN_SEQLEN; the forward at head dims 128 and 256, with grouped-query attention, the backward at 128 without it.
+Any row stride that TMA can read is supported (q, k, v as views of a packed qkv; dq, dk, dv of a packed dqkv). The
+output and the base-2 log-sum-exp are the ones `kernels.flash._fwd_kernel` writes, so either backward takes them.
 """
 from __future__ import annotations
 
@@ -324,7 +325,9 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool) -> None:
 BWD_HEAD_DIM = 128
 BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES = 64, 128, 2, 2  # the fastest of the A/B's three configs
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
-# Shortest sequences it takes, per causal; set from the A/B of the shipped backward (results/attention/gluon_bwd/)
+# Shortest sequences it takes, per causal: in kernels/flash.py's backward with and without it
+# (results/attention/gluon_bwd/ab_h100.txt) it was 0.99x / 0.86x the @triton.jit kernels at 512 (non-causal /
+# causal), 1.14x / 1.01x at 1K, 1.20x / 1.15x at 2K, 1.27-1.39x from 4K.
 BWD_MIN_SEQLEN = {False: 1024, True: 2048}
 
 
