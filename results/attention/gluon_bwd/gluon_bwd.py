@@ -227,7 +227,8 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
 # ---- Variant WS (session 24; measured in session 25, shipped): FlashAttention-3's division of labour, a loader warp
 # and a dQ writer warp beside the 8 compute warps. It is now kernels/flash_gluon.py's `_bwd_kernel` (with row strides
 # for packed qkv views), which "ws" runs; session 25's sweep of three configs ran this file's own copy at f6fbeb9.
-from kernels.flash_gluon import _acc_layout, _row_layout, gluon_backward as shipped_backward, tma_reduce_add_shared  # noqa: E402,E501
+from kernels.flash_gluon import _acc_layout, _row_layout, tma_reduce_add_shared  # noqa: E402
+from kernels.flash_gluon import gluon_backward as shipped_backward  # noqa: E402
 
 
 @gluon.constexpr_function
