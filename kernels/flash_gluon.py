@@ -39,7 +39,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # FlashAttention-2's on the H100: results/attention/gluon_fwd/bench_h100_hd256.txt)
 FWD_TILES = {128: (128, 128, 3), 256: (128, 64, 2)}
 CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
-FWD_HEAD_GROUP = {False: 0, True: 0}  # per causal: `_tile_order`'s HEAD_GROUP
 # Shortest sequences it takes, per (head dim, causal): below them the @triton.jit forward was as fast or faster on the
 # H100 (results/attention/gluon_fwd/short_h100.txt, the shipped forward with and without Gluon at 512-2K: head dim 128
 # 0.95x at 512 non-causal, 0.79x at 512 and 1.01x at 1K causal); at head dim 256 it is 1.45-1.86x from 512.
@@ -93,23 +92,6 @@ def _head_tiles(ptr, total_rows, row_stride, nheads, BLOCK: gl.constexpr, HEAD_D
     viewed as (batch * seqlen, nheads * HEAD_DIM): block [row, h * HEAD_DIM] is rows row.. of head h."""
     return tma.make_tensor_descriptor(ptr, [total_rows, nheads * HEAD_DIM], [row_stride, 1], [BLOCK, HEAD_DIM],
                                       layout)
-
-
-@gluon.jit
-def _tile_order(n_tiles, n_bh, HEAD_GROUP: gl.constexpr):
-    """(tile, batch x head) of this program. HEAD_GROUP 0: the 2-D grid (n_tiles, n_bh), one head's tiles after
-    another. Else a 1-D grid that deals HEAD_GROUP heads' tiles in turn, tile 0 of each, then tile 1, ...: with tile 0
-    the longest (causal), the GPU's last wave gets the shortest tiles of the last group instead of the first tiles of
-    the last head, while heads stay in groups small enough to share their K and V (forward) or Q and dO (backward)
-    through L2 (the A/B that sets the groups: results/attention/gluon_order/)."""
-    if HEAD_GROUP == 0:
-        return gl.program_id(0), gl.program_id(1)
-    pid = gl.program_id(0)
-    per_group = HEAD_GROUP * n_tiles
-    g = pid // per_group
-    r = pid - g * per_group
-    heads = gl.minimum(n_bh - g * HEAD_GROUP, HEAD_GROUP)  # the last group may be smaller
-    return r // heads, g * HEAD_GROUP + r % heads
 
 
 @gluon.jit
@@ -217,16 +199,16 @@ def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv
 
 
 @gluon.jit
-def _fwd_kernel(Q, K, V, O, LSE, total_rows, seqlen, nheads, batch_heads, group, q_row_stride, k_row_stride,
-                v_row_stride, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _fwd_kernel(Q, K, V, O, LSE, total_rows, seqlen, nheads, group, q_row_stride, k_row_stride, v_row_stride,
+                qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr, HEAD_GROUP: gl.constexpr = 0):
+                CONSUMER_REGS: gl.constexpr):
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype.element_ty
-    n_m = seqlen // BLOCK_M
-    pid_m, bh = _tile_order(n_m, batch_heads, HEAD_GROUP)
+    pid_m = gl.program_id(0)
     if IS_CAUSAL:  # the longest rows first, so the short ones fill the last wave
-        pid_m = n_m - 1 - pid_m
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
     b = bh // nheads
     h = bh % nheads
     nheads_k = nheads // group
@@ -314,12 +296,10 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool) -> None:
     dtype = _GL_DTYPES[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([block_m // 2, head_dim], dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
-    group = FWD_HEAD_GROUP[causal]
-    grid = (seqlen // block_m, batch * nheads) if group == 0 else (seqlen // block_m * batch * nheads,)
-    _fwd_kernel[grid](
-        q, k, v, o, lse, batch * seqlen, seqlen, nheads, batch * nheads, nheads // k.shape[2], q.stride(1),
-        k.stride(1), v.stride(1), qk_scale, head_dim, block_m, block_n, stages, causal, q_layout, kv_layout,
-        CONSUMER_REGS, group, num_warps=4)
+    _fwd_kernel[(seqlen // block_m, batch * nheads)](
+        q, k, v, o, lse, batch * seqlen, seqlen, nheads, nheads // k.shape[2], q.stride(1), k.stride(1), v.stride(1),
+        qk_scale, head_dim, block_m, block_n, stages, causal, q_layout, kv_layout, CONSUMER_REGS,
+        num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -345,7 +325,6 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool) -> None:
 BWD_HEAD_DIM = 128
 BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES = 64, 128, 2, 2  # the fastest of the A/B's three configs
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
-BWD_HEAD_GROUP = {False: 0, True: 0}  # per causal: `_tile_order`'s HEAD_GROUP
 # Shortest sequences it takes, per causal: in kernels/flash.py's backward with and without it
 # (results/attention/gluon_bwd/ab_h100.txt) it was 0.99x / 0.86x the @triton.jit kernels at 512 (non-causal /
 # causal), 1.14x / 1.01x at 1K, 1.20x / 1.15x at 2K, 1.27-1.39x from 4K.
@@ -472,15 +451,15 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_
 
 
 @gluon.jit
-def _bwd_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, batch_heads, q_row_stride,
-                k_row_stride, v_row_stride, do_row_stride, dk_row_stride, dv_row_stride, qk_scale, sm_scale,
-                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, q_layout: gl.constexpr,
-                kv_layout: gl.constexpr, ds_layout: gl.constexpr, dqa_layout: gl.constexpr,
-                HEAD_GROUP: gl.constexpr = 0):
+def _bwd_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, q_row_stride, k_row_stride,
+                v_row_stride, do_row_stride, dk_row_stride, dv_row_stride, qk_scale, sm_scale, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+                IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
+                ds_layout: gl.constexpr, dqa_layout: gl.constexpr):
     # DQA: float32 (total_rows, nheads * HEAD_DIM), zeroed by the caller; LSE, DELTA: (batch, nheads, seqlen)
     dtype: gl.constexpr = Q.dtype.element_ty
-    pid_n, bh = _tile_order(seqlen // BLOCK_N, batch_heads, HEAD_GROUP)  # causal: key tile 0 sees the most queries
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
     b = bh // nheads
     h = bh % nheads
     col = h * HEAD_DIM
@@ -571,12 +550,9 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
     dqa = torch.zeros(batch * seqlen, nheads * head_dim, dtype=torch.float32, device=q.device)
-    group = BWD_HEAD_GROUP[causal]
-    n_tiles = seqlen // BWD_BLOCK_N
-    grid = (n_tiles, batch * nheads) if group == 0 else (n_tiles * batch * nheads,)
-    _bwd_kernel[grid](
-        q, k, v, do, dk, dv, dqa, lse, delta, batch * seqlen, seqlen, nheads, batch * nheads, q.stride(1), k.stride(1),
-        v.stride(1), do.stride(1), dk.stride(1), dv.stride(1), softmax_scale * 1.4426950408889634, softmax_scale,
-        head_dim, BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES, causal, BWD_WARPS,
-        **bwd_layouts(head_dim, _GL_DTYPES[q.dtype]), HEAD_GROUP=group, num_warps=BWD_WARPS)
+    _bwd_kernel[(seqlen // BWD_BLOCK_N, batch * nheads)](
+        q, k, v, do, dk, dv, dqa, lse, delta, batch * seqlen, seqlen, nheads, q.stride(1), k.stride(1), v.stride(1),
+        do.stride(1), dk.stride(1), dv.stride(1), softmax_scale * 1.4426950408889634, softmax_scale, head_dim,
+        BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES, causal, BWD_WARPS,
+        **bwd_layouts(head_dim, _GL_DTYPES[q.dtype]), num_warps=BWD_WARPS)
     torch.mul(dqa.view(q.shape), softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

@@ -212,8 +212,7 @@ def gluon_attention(q, k, v, causal: bool, config=CONFIGS[0]):
     o = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen, dtype=torch.float32, device=q.device)
     # the shipped ws kernel also takes the GQA group and the row strides
-    shape_args = ((nheads,) if variant == "plain"
-                  else (nheads, batch * nheads, 1, q.stride(1), k.stride(1), v.stride(1)))
+    shape_args = (nheads,) if variant == "plain" else (nheads, 1, q.stride(1), k.stride(1), v.stride(1))
     kernel[(seqlen // block_m, batch * nheads)](
         q, k, v, o, lse, batch * seqlen, seqlen, *shape_args, LOG2E / math.sqrt(head_dim), head_dim, block_m,
         block_n, stages, causal, **extra(head_dim, block_m, block_n, warps), num_warps=warps)

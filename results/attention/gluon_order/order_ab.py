@@ -7,6 +7,8 @@ the last wave holds the shortest tiles, while G heads' K and V (forward) or Q an
 checked bit-equal to G = 0's (dK, dV for the backward; dQ's reduce order varies anyway).
 
     python results/attention/gluon_order/order_ab.py     # GPU (sm_90): ms per order, against cuDNN
+
+Runs at 64542db only: the order it measures was not kept, and later kernels have no HEAD_GROUP (README.md).
 """
 import sys
 
