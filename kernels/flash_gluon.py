@@ -262,11 +262,10 @@ def _fwd_kernel(Q, K, V, O, LSE, total_rows, seqlen, nheads, group, q_row_stride
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
-def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | None:
-    """Why this forward cannot take these inputs (beyond kernels.flash's platform and layout checks), or None."""
-    head_dim, seqlen = q.shape[-1], q.shape[1]
-    if head_dim not in FWD_TILES:
-        return f"head dim {head_dim}, not one of {sorted(FWD_TILES)}"
+def _scope_problem(q, k, causal: bool, dropout_p: float, varlen: bool, min_seqlen: int) -> str | None:
+    """What both kernels need of self-attention inputs beyond the head dim, or None: dense fp16/bf16 without dropout,
+    seqlen_q == seqlen_k a multiple of 128 (every tile divides it), at least min_seqlen."""
+    seqlen = q.shape[1]
     if varlen:
         return "varlen"
     if dropout_p > 0:
@@ -275,12 +274,19 @@ def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | 
         return f"{q.dtype}"
     if seqlen != k.shape[1]:
         return "seqlen_q != seqlen_k"
-    if seqlen % 128:  # both tiles divide 128
+    if seqlen % 128:
         return f"seqlen {seqlen} is not a multiple of 128"
-    shortest = MIN_SEQLEN[head_dim, causal]
-    if seqlen < shortest:
-        return f"seqlen {seqlen} below {shortest}{' causal' if causal else ''}, where it is slower"
+    if seqlen < min_seqlen:
+        return f"seqlen {seqlen} below {min_seqlen}{' causal' if causal else ''}, where it is slower"
     return None
+
+
+def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | None:
+    """Why this forward cannot take these inputs (beyond kernels.flash's platform and layout checks), or None."""
+    head_dim = q.shape[-1]
+    if head_dim not in FWD_TILES:
+        return f"head dim {head_dim}, not one of {sorted(FWD_TILES)}"
+    return _scope_problem(q, k, causal, dropout_p, varlen, MIN_SEQLEN[head_dim, causal])
 
 
 def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool) -> None:
@@ -347,14 +353,11 @@ def _row_layout(n):
 
 
 @gluon.jit
-def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE, DELTA,
-                lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M: gl.constexpr,
-                STAGES: gl.constexpr):
+def _fill_qdo_ring(q_desc, do_desc, q_smem, do_smem, ready, empty, LSE, DELTA, lse_smem, delta_smem, stat_base, row0,
+                   col, lo, n_end, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """The backward loader's loop: query tiles lo .. n_end-1's Q, dO (by TMA), LSE and delta into the STAGES-deep ring,
+    a slot once the compute warps have released it."""
     TILE_BYTES: gl.constexpr = q_smem.shape[1] * q_smem.shape[2] * q_smem.dtype.primitive_bitwidth // 8
-    KV_BYTES: gl.constexpr = k_smem.shape[0] * k_smem.shape[1] * k_smem.dtype.primitive_bitwidth // 8
-    mbarrier.expect(kv_bar, 2 * KV_BYTES)
-    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, col], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_bar, v_smem)
     for i in range(lo, n_end):
         t = i - lo
         slot = t % STAGES
@@ -366,6 +369,18 @@ def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem
         mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
         tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot), q_smem.index(slot))
         tma.async_copy_global_to_shared(do_desc, [row0 + i * BLOCK_M, col], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE, DELTA,
+                lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M: gl.constexpr,
+                STAGES: gl.constexpr):
+    KV_BYTES: gl.constexpr = k_smem.shape[0] * k_smem.shape[1] * k_smem.dtype.primitive_bitwidth // 8
+    mbarrier.expect(kv_bar, 2 * KV_BYTES)
+    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_bar, v_smem)
+    _fill_qdo_ring(q_desc, do_desc, q_smem, do_smem, ready, empty, LSE, DELTA, lse_smem, delta_smem, stat_base, row0,
+                   col, lo, n_end, BLOCK_M, STAGES)
 
 
 @gluon.jit
@@ -521,24 +536,11 @@ def bwd_layouts(head_dim: int, dtype) -> dict:
 def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str | None:
     """Why this backward cannot take these inputs (beyond kernels.flash's platform, layout and determinism checks),
     or None."""
-    head_dim, seqlen = q.shape[-1], q.shape[1]
-    if head_dim != BWD_HEAD_DIM:
-        return f"head dim {head_dim}, not {BWD_HEAD_DIM} (slower than the two-kernel backward at 64)"
-    if varlen:
-        return "varlen"
-    if dropout_p > 0:
-        return "dropout"
-    if q.dtype not in _GL_DTYPES:
-        return f"{q.dtype}"
+    if q.shape[-1] != BWD_HEAD_DIM:
+        return f"head dim {q.shape[-1]}, not {BWD_HEAD_DIM} (slower than the two-kernel backward at 64)"
     if q.shape[-2] != k.shape[-2]:
         return "grouped-query attention (dK, dV would sum over the group)"
-    if seqlen != k.shape[1]:
-        return "seqlen_q != seqlen_k"
-    if seqlen % BWD_BLOCK_N:
-        return f"seqlen {seqlen} is not a multiple of {BWD_BLOCK_N}"
-    if seqlen < BWD_MIN_SEQLEN[causal]:
-        return f"seqlen {seqlen} below {BWD_MIN_SEQLEN[causal]}{' causal' if causal else ''}, where it is slower"
-    return None
+    return _scope_problem(q, k, causal, dropout_p, varlen, BWD_MIN_SEQLEN[causal])
 
 
 def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool) -> None:

@@ -227,7 +227,7 @@ def _attn_bwd(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, 
 # ---- Variant WS (session 24; measured in session 25, shipped): FlashAttention-3's division of labour, a loader warp
 # and a dQ writer warp beside the 8 compute warps. It is now kernels/flash_gluon.py's `_bwd_kernel` (with row strides
 # for packed qkv views), which "ws" runs; session 25's sweep of three configs ran this file's own copy at f6fbeb9.
-from kernels.flash_gluon import _acc_layout, _row_layout, tma_reduce_add_shared  # noqa: E402
+from kernels.flash_gluon import _acc_layout, _fill_qdo_ring, tma_reduce_add_shared  # noqa: E402
 from kernels.flash_gluon import gluon_backward as shipped_backward  # noqa: E402
 
 
@@ -258,22 +258,13 @@ SUB_N = gl.constexpr(64)
 def _pp_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE, DELTA,
                lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M: gl.constexpr,
                STAGES: gl.constexpr):
-    TILE_BYTES: gl.constexpr = q_smem.shape[1] * q_smem.shape[2] * q_smem.dtype.primitive_bitwidth // 8
     HALF_BYTES: gl.constexpr = k_smem.shape[1] * k_smem.shape[2] * k_smem.dtype.primitive_bitwidth // 8
     mbarrier.expect(kv_bar, 4 * HALF_BYTES)
     for w in gl.static_range(2):
         tma.async_copy_global_to_shared(k_desc, [row0 + start_n + w * SUB_N, col], kv_bar, k_smem.index(w))
         tma.async_copy_global_to_shared(v_desc, [row0 + start_n + w * SUB_N, col], kv_bar, v_smem.index(w))
-    for i in range(lo, n_end):
-        t = i - lo
-        slot = t % STAGES
-        mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
-        offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
-        lse_smem.index(slot).store(gl.load(LSE + stat_base + offs))
-        delta_smem.index(slot).store(gl.load(DELTA + stat_base + offs))
-        mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot), q_smem.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [row0 + i * BLOCK_M, col], ready.index(slot), do_smem.index(slot))
+    _fill_qdo_ring(q_desc, do_desc, q_smem, do_smem, ready, empty, LSE, DELTA, lse_smem, delta_smem, stat_base, row0,
+                   col, lo, n_end, BLOCK_M, STAGES)
 
 
 @gluon.jit
