@@ -1191,7 +1191,6 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
     if warp_spec is None and _gluon_unsupported(q, k, v, causal, dropout_p, varlen, out_dtype) is None:
         from kernels.flash_gluon import gluon_forward
 
-        _ensure_tma_allocator()
         gluon_forward(q, k, v, o, lse, softmax_scale * LOG2E, causal)
         return o, lse, seed
     slb, slh = lse_strides(lse, varlen)
@@ -1236,7 +1235,6 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     if gluon and _gluon_bwd_unsupported(q, k, v, do, lse, delta, (dq, dk, dv), causal, dropout_p, varlen) is None:
         from kernels.flash_gluon import gluon_backward
 
-        _ensure_tma_allocator()
         gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal)
         return dq, dk, dv
     thresh, drop_scale = _drop_consts(dropout_p)

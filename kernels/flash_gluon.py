@@ -33,6 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language import _core
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # (BLOCK_M, BLOCK_N, STAGES) per head dim: at 128 the fastest of the prototype's configs at every benchmarked point;
 # at 256 the one that fits shared memory (197 KB) without spills (1.18-1.43x the @triton.jit forward, 1.15-1.62x
@@ -83,15 +84,6 @@ def _softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, crosses_diagonal, IS_CAU
     else:
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout)
     return p, m_i, l_i, alpha
-
-
-@gluon.jit
-def _head_tiles(ptr, total_rows, row_stride, nheads, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
-                layout: gl.constexpr):
-    """TMA descriptor of (batch, seqlen, nheads, HEAD_DIM) data, heads side by side and rows row_stride apart,
-    viewed as (batch * seqlen, nheads * HEAD_DIM): block [row, h * HEAD_DIM] is rows row.. of head h."""
-    return tma.make_tensor_descriptor(ptr, [total_rows, nheads * HEAD_DIM], [row_stride, 1], [BLOCK, HEAD_DIM],
-                                      layout)
 
 
 @gluon.jit
@@ -199,24 +191,21 @@ def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv
 
 
 @gluon.jit
-def _fwd_kernel(Q, K, V, O, LSE, total_rows, seqlen, nheads, group, q_row_stride, k_row_stride, v_row_stride,
-                qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
+def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, group, qk_scale, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                 CONSUMER_REGS: gl.constexpr):
+    # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`)
     SUB_M: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = Q.dtype.element_ty
+    dtype: gl.constexpr = q_desc.dtype
+    q_layout: gl.constexpr = q_desc.layout
+    kv_layout: gl.constexpr = k_desc.layout
     pid_m = gl.program_id(0)
     if IS_CAUSAL:  # the longest rows first, so the short ones fill the last wave
         pid_m = gl.num_programs(0) - 1 - pid_m
     bh = gl.program_id(1)
     b = bh // nheads
     h = bh % nheads
-    nheads_k = nheads // group
     start_m = pid_m * BLOCK_M
-    q_desc = _head_tiles(Q, total_rows, q_row_stride, nheads, SUB_M, HEAD_DIM, q_layout)
-    k_desc = _head_tiles(K, total_rows, k_row_stride, nheads_k, BLOCK_N, HEAD_DIM, kv_layout)
-    v_desc = _head_tiles(V, total_rows, v_row_stride, nheads_k, BLOCK_N, HEAD_DIM, kv_layout)
-    o_desc = _head_tiles(O, total_rows, nheads * HEAD_DIM, nheads, SUB_M, HEAD_DIM, q_layout)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
@@ -289,23 +278,31 @@ def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | 
     return _scope_problem(q, k, causal, dropout_p, varlen, MIN_SEQLEN[head_dim, causal])
 
 
-def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool) -> None:
+def head_tiles(t: torch.Tensor, block_rows: int, layout) -> TensorDescriptor:
+    """Host TMA descriptor of t (batch, seqlen, nheads, head_dim), heads side by side and its rows t.stride(1) apart,
+    as the 2-D (batch * seqlen, nheads * head_dim) matrix in tiles of block_rows rows of one head. Built on the host
+    and passed by value (a __grid_constant__ CUtensorMap), so the programs do not build their own."""
+    batch, seqlen, nheads, head_dim = t.shape
+    return TensorDescriptor(t, [batch * seqlen, nheads * head_dim], [t.stride(1), 1], [block_rows, head_dim], layout)
+
+
+def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) -> None:
     """Fill o (batch, seqlen, nheads, head_dim), contiguous, and lse (batch, nheads, seqlen) float32, contiguous, with
     the attention of q, k, v; qk_scale = softmax scale * log2(e) (the LSE is base 2). The caller has checked
-    `unsupported`, the TMA layout of q, k, v (kernels.flash._ws_layout_problem) and installed Triton's allocator
-    (the descriptors are built on the device)."""
+    `unsupported` and the TMA layout of q, k, v (kernels.flash._ws_layout_problem). tiles: (BLOCK_M, BLOCK_N,
+    STAGES), FWD_TILES[head dim] unless given (the prototype's sweeps)."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (o.is_contiguous() and lse.is_contiguous() and o.dtype == q.dtype
             and lse.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_forward: o must be contiguous in q's dtype and lse contiguous (batch, nheads, seqlen)")
-    block_m, block_n, stages = FWD_TILES[head_dim]
+    block_m, block_n, stages = tiles or FWD_TILES[head_dim]
     dtype = _GL_DTYPES[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([block_m // 2, head_dim], dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
     _fwd_kernel[(seqlen // block_m, batch * nheads)](
-        q, k, v, o, lse, batch * seqlen, seqlen, nheads, nheads // k.shape[2], q.stride(1), k.stride(1), v.stride(1),
-        qk_scale, head_dim, block_m, block_n, stages, causal, q_layout, kv_layout, CONSUMER_REGS,
-        num_warps=4)
+        head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
+        head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, nheads // k.shape[2], qk_scale, head_dim, block_m,
+        block_n, stages, causal, CONSUMER_REGS, num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -466,13 +463,15 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_
 
 
 @gluon.jit
-def _bwd_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads, q_row_stride, k_row_stride,
-                v_row_stride, do_row_stride, dk_row_stride, dv_row_stride, qk_scale, sm_scale, HEAD_DIM: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
-                IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
-                ds_layout: gl.constexpr, dqa_layout: gl.constexpr):
-    # DQA: float32 (total_rows, nheads * HEAD_DIM), zeroed by the caller; LSE, DELTA: (batch, nheads, seqlen)
-    dtype: gl.constexpr = Q.dtype.element_ty
+def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, qk_scale,
+                sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr):
+    # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
+    # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen)
+    dtype: gl.constexpr = q_desc.dtype
+    q_layout: gl.constexpr = q_desc.layout
+    kv_layout: gl.constexpr = k_desc.layout
+    dqa_layout: gl.constexpr = dqa_desc.layout
     pid_n = gl.program_id(0)
     bh = gl.program_id(1)
     b = bh // nheads
@@ -480,13 +479,6 @@ def _bwd_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads
     col = h * HEAD_DIM
     row0 = b * seqlen
     start_n = pid_n * BLOCK_N
-    q_desc = _head_tiles(Q, total_rows, q_row_stride, nheads, BLOCK_M, HEAD_DIM, q_layout)
-    do_desc = _head_tiles(DO, total_rows, do_row_stride, nheads, BLOCK_M, HEAD_DIM, q_layout)
-    k_desc = _head_tiles(K, total_rows, k_row_stride, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    v_desc = _head_tiles(V, total_rows, v_row_stride, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    dk_desc = _head_tiles(DK, total_rows, dk_row_stride, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    dv_desc = _head_tiles(DV, total_rows, dv_row_stride, nheads, BLOCK_N, HEAD_DIM, kv_layout)
-    dqa_desc = _head_tiles(DQA, total_rows, nheads * HEAD_DIM, nheads, BLOCK_M, HEAD_DIM, dqa_layout)
 
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
@@ -526,7 +518,8 @@ def _bwd_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, total_rows, seqlen, nheads
 
 
 def bwd_layouts(head_dim: int, dtype) -> dict:
-    """The shared layouts `_bwd_kernel` takes (its compute partition builds the register ones itself)."""
+    """The shared layouts of `_bwd_kernel`'s tiles: its descriptors' (Q / dO, K / V / dK / dV, the float32 dQ
+    buffer) and dS^T's, which it takes as a constexpr (its compute partition builds the register layouts itself)."""
     return dict(q_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, head_dim], dtype),
                 kv_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N, head_dim], dtype),
                 ds_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N, BWD_BLOCK_M], dtype),
@@ -547,14 +540,16 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     """Fill dq, dk, dv (q's shape and dtype; any row stride TMA can write, e.g. views of one packed dqkv) with the
     gradients of softmax_scale-scaled attention of q, k, v at do; lse: the forward's base-2 log-sum-exp and delta =
     rowsum(dO * O), both (batch, nheads, seqlen) contiguous float32. The caller has checked `bwd_unsupported`, the
-    TMA layout of q, k, v, do, dk, dv (kernels.flash._ws_layout_problem) and installed Triton's allocator."""
+    TMA layout of q, k, v, do, dk, dv (kernels.flash._ws_layout_problem)."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
-    dqa = torch.zeros(batch * seqlen, nheads * head_dim, dtype=torch.float32, device=q.device)
+    dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
+    lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype])
+    queries = lambda t: head_tiles(t, BWD_BLOCK_M, lay["q_layout"])  # noqa: E731
+    keys = lambda t: head_tiles(t, BWD_BLOCK_N, lay["kv_layout"])  # noqa: E731
     _bwd_kernel[(seqlen // BWD_BLOCK_N, batch * nheads)](
-        q, k, v, do, dk, dv, dqa, lse, delta, batch * seqlen, seqlen, nheads, q.stride(1), k.stride(1), v.stride(1),
-        do.stride(1), dk.stride(1), dv.stride(1), softmax_scale * 1.4426950408889634, softmax_scale, head_dim,
-        BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES, causal, BWD_WARPS,
-        **bwd_layouts(head_dim, _GL_DTYPES[q.dtype]), num_warps=BWD_WARPS)
-    torch.mul(dqa.view(q.shape), softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
+        queries(q), queries(do), keys(k), keys(v), keys(dk), keys(dv), head_tiles(dqa, BWD_BLOCK_M, lay["dqa_layout"]),
+        lse, delta, seqlen, nheads, softmax_scale * 1.4426950408889634, softmax_scale, head_dim, BWD_BLOCK_M,
+        BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES, causal, BWD_WARPS, lay["ds_layout"], num_warps=BWD_WARPS)
+    torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

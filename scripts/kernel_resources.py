@@ -35,10 +35,16 @@ _DIVISIBLE = ("stride_", "seqlen", "TUNE_", "total_rows")  # as Triton specialis
 H100_SMEM_PER_BLOCK = 232448  # bytes of shared memory one thread block may have on an H100 (227 KiB)
 
 
-def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False) -> dict:
+def tensordesc(dtype: str, block: list[int], layout) -> str:
+    """The signature type of a host-built Gluon TMA descriptor argument (e.g. dtype "bf16", a block, its
+    NVMMASharedLayout), for `resources`' types."""
+    return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False, types: dict | None = None) -> dict:
     """{"regs", "stack", "smem" (bytes of shared memory, at most H100_SMEM_PER_BLOCK to launch)} of one launch config
-    of a @triton.jit or @gluon.jit kernel;
-    with sass, also "ops": the cubin's SASS opcode counts (static:
+    of a @triton.jit or @gluon.jit kernel; types: signature types of arguments that the names do not tell (tensor
+    descriptors: `tensordesc`); with sass, also "ops": the cubin's SASS opcode counts (static:
     every instruction of the kernel once, whether in a loop or not)."""
     names = jitfn.arg_names
     # constexpr parameters left at their defaults (FUSED_DQ, DQ_TMA, REVERSE...) must be constants here too, as
@@ -48,6 +54,8 @@ def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False) 
     for a in names:
         if a in consts:
             sig[a] = "constexpr"
+        elif types and a in types:
+            sig[a] = types[a]
         elif a in _TYPES:
             sig[a] = _TYPES[a]
         else:

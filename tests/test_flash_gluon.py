@@ -92,7 +92,6 @@ def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
         lse.fill_(2.0)
 
     monkeypatch.setattr(flash_gluon, "gluon_forward", fake)
-    monkeypatch.setattr(F, "_ensure_tma_allocator", lambda: None)
     q, k, v = _qkv(2, 256, 256, 4, 2, 128, torch.float16)
     o, lse, _ = F._flash_fwd(q, k, v, 0.125, True, 0.0, False, None, None, 256, 256)
     assert calls == [(0.125 * F.LOG2E, True, q.shape, q.dtype, (2, 4, 256))]
@@ -105,16 +104,21 @@ def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
 
 
 def _compile_gluon_sm90(dtype: str, causal: bool, head_dim: int = 128) -> dict:
-    """resources(kernels.flash_gluon._fwd_kernel) for sm_90, with the launcher's constexprs."""
+    """resources(kernels.flash_gluon._fwd_kernel) for sm_90, with the launcher's constexprs and descriptor types."""
     import kernels.flash_gluon as G
 
     block_m, block_n, stages = G.FWD_TILES[head_dim]
     setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
-             f"lay = lambda r: gl.NVMMASharedLayout.get_default_for([r, {head_dim}], gl.{dtype})")
+             f"lay = lambda r: gl.NVMMASharedLayout.get_default_for([r, {head_dim}], gl.{dtype}); "
+             f"desc = lambda r: R.tensordesc('{_SHORT[dtype]}', [r, {head_dim}], lay(r))")
     consts = (f"dict(HEAD_DIM={head_dim}, BLOCK_M={block_m}, BLOCK_N={block_n}, STAGES={stages}, "
-              f"IS_CAUSAL={causal}, q_layout=lay({block_m // 2}), kv_layout=lay({block_n}), "
-              "CONSUMER_REGS=G.CONSUMER_REGS)")
-    return compile_sm90("G._fwd_kernel", consts, 4, stages, setup)
+              f"IS_CAUSAL={causal}, CONSUMER_REGS=G.CONSUMER_REGS)")
+    types = (f"dict(q_desc=desc({block_m // 2}), o_desc=desc({block_m // 2}), k_desc=desc({block_n}), "
+             f"v_desc=desc({block_n}))")
+    return compile_sm90("G._fwd_kernel", consts, 4, stages, setup, types)
+
+
+_SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 @needs_cuobjdump
@@ -184,7 +188,6 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
             g.fill_(i + 1)
 
     monkeypatch.setattr(flash_gluon, "gluon_backward", fake)
-    monkeypatch.setattr(F, "_ensure_tma_allocator", lambda: None)
     monkeypatch.setattr(F, "bwd_preprocess", lambda o, do, *a: torch.zeros(o.shape[0], o.shape[2], o.shape[1]))
     q, k, v = _qkv(2, 256, 256, 4, 4, 128, torch.float16)
     lse = torch.zeros(2, 4, 256)
@@ -207,12 +210,15 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
 def test_gluon_backward_compiles_for_sm90(causal):
     import kernels.flash_gluon as G
 
-    setup = "import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl"
+    setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
+             "lay = G.bwd_layouts(128, gl.bfloat16); desc = lambda r, l, t='bf16': R.tensordesc(t, [r, 128], lay[l])")
     consts = (f"dict(HEAD_DIM=128, BLOCK_M=G.BWD_BLOCK_M, BLOCK_N=G.BWD_BLOCK_N, STAGES=G.BWD_STAGES, "
-              f"DQ_STAGES=G.BWD_DQ_STAGES, IS_CAUSAL={causal}, WARPS=G.BWD_WARPS, "
-              f"**G.bwd_layouts(128, gl.bfloat16))")
-    r = compile_sm90("G._bwd_kernel", consts, G.BWD_WARPS, G.BWD_STAGES, setup)
-    # 24 / 32 bytes of spill stack, as the measured prototype had (results/attention/gluon_bwd/compile_sm90.txt): more
+              f"DQ_STAGES=G.BWD_DQ_STAGES, IS_CAUSAL={causal}, WARPS=G.BWD_WARPS, ds_layout=lay['ds_layout'])")
+    types = ("dict(q_desc=desc(G.BWD_BLOCK_M, 'q_layout'), do_desc=desc(G.BWD_BLOCK_M, 'q_layout'), "
+             "**{n: desc(G.BWD_BLOCK_N, 'kv_layout') for n in ('k_desc', 'v_desc', 'dk_desc', 'dv_desc')}, "
+             "dqa_desc=desc(G.BWD_BLOCK_M, 'dqa_layout', 'fp32'))")
+    r = compile_sm90("G._bwd_kernel", consts, G.BWD_WARPS, G.BWD_STAGES, setup, types)
+    # 24-32 bytes of spill stack, as the measured kernels had (results/attention/gluon_bwd/compile_sm90.txt): more
     # would be a change to re-measure
     assert r["stack"] <= 32, r
     # K, V, a 2-deep Q / dO ring, dS^T (bf16) and a 2-deep float32 dQ ring fit within an H100's 227 KB per block
@@ -297,6 +303,12 @@ def _close(a, b, rel=2e-2):
     assert (a.float() - b.float()).abs().max().item() <= rel * b.float().abs().max().item()
 
 
+# Two runs of the Gluon backward sum dQ's float32 partials in different orders; rounded to 16 bits, an element may
+# land one unit in the last place apart: at most 2^-7 of the largest element in bf16 (measured on the H100: 1e-3 to
+# 2.1e-3 of it; a bound of 1e-3 failed two runs in four).
+DQ_RERUN = 2 ** -7
+
+
 @pytest.mark.gpu
 @gluon_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -323,12 +335,12 @@ def test_gpu_gluon_backward_vs_triton_reruns_packed_and_deterministic(causal, dt
     for _ in range(3):  # a race between the loader, the compute warps and the dQ writer would show here
         dq, dk, dv = bwd(q, k, v)
         assert torch.equal(dk, gl_grads[1]) and torch.equal(dv, gl_grads[2])
-        _close(dq, gl_grads[0], 1e-3)
+        _close(dq, gl_grads[0], DQ_RERUN)
     qkv = torch.stack((q, k, v), dim=2)
     dqkv = torch.empty_like(qkv)
     bwd(*qkv.unbind(2), out=dqkv.unbind(2))
     assert torch.equal(dqkv[:, :, 1], gl_grads[1]) and torch.equal(dqkv[:, :, 2], gl_grads[2])
-    _close(dqkv[:, :, 0], gl_grads[0], 1e-3)
+    _close(dqkv[:, :, 0], gl_grads[0], DQ_RERUN)
     torch.use_deterministic_algorithms(True)
     try:
         assert "deterministic" in F._gluon_bwd_unsupported(q, k, v, do, lse, lse, (q, k, v), causal, 0.0, False)
@@ -370,7 +382,7 @@ def test_gpu_gluon_under_cuda_graph_and_compile(nheads_k):
     def same(got, want):
         for i, (a, b) in enumerate(zip(got, want)):
             if i == 1 and nheads_k == 4:
-                _close(a, b, 1e-3)
+                _close(a, b, DQ_RERUN)
             else:
                 assert torch.equal(a, b), i
 

@@ -14,12 +14,13 @@ TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 needs_cuobjdump = pytest.mark.skipif(not os.path.exists(TOOL), reason="triton wheel without cuobjdump")
 
 
-def compile_sm90(kernel: str, consts: str, warps: int, stages: int, setup: str = "import kernels.flash as F") -> dict:
-    """resources(<kernel>, <consts>, ...) in a fresh process, kernel and consts being Python expressions evaluated
-    after `setup`: compiling needs real @triton.jit / @gluon.jit functions, not the interpreter's stand-ins this
-    suite runs with."""
+def compile_sm90(kernel: str, consts: str, warps: int, stages: int, setup: str = "import kernels.flash as F",
+                 types: str = "None") -> dict:
+    """resources(<kernel>, <consts>, ..., types=<types>) in a fresh process, kernel, consts and types being Python
+    expressions evaluated after `setup` (which may use kernel_resources as R): compiling needs real @triton.jit /
+    @gluon.jit functions, not the interpreter's stand-ins this suite runs with."""
     code = ("import json, sys; sys.path.insert(0, 'scripts'); import kernel_resources as R; " + setup + "; "
-            f"r = R.resources({kernel}, {consts}, {warps}, {stages}, sass=True); "
+            f"r = R.resources({kernel}, {consts}, {warps}, {stages}, sass=True, types={types}); "
             "print(json.dumps({**r, 'ops': dict(r['ops'])}))")
     env = dict(os.environ, TRITON_INTERPRET="0")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,

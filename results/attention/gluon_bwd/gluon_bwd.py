@@ -524,12 +524,17 @@ def compile_report():
                 print(f"hd {head_dim} causal {causal} (BLOCK_M {block_m}, BLOCK_N {BLOCK_N}, {WARPS} warps, stages "
                       f"{stages}, dQ {'TMA reduce' if dq_tma else 'atomics'}): regs {r['regs']}, spill stack "
                       f"{r['stack']} B, smem {r['smem']} B", flush=True)
-            import kernels.flash_gluon as G  # the shipped ws kernel
+            import kernels.flash_gluon as G  # the shipped ws kernel, with host-built descriptors
+            from kernel_resources import tensordesc
 
+            lay = G.bwd_layouts(head_dim, gl.bfloat16)
+            q_desc = tensordesc("bf16", [G.BWD_BLOCK_M, head_dim], lay["q_layout"])
+            kv_desc = tensordesc("bf16", [G.BWD_BLOCK_N, head_dim], lay["kv_layout"])
+            types = dict(q_desc=q_desc, do_desc=q_desc, k_desc=kv_desc, v_desc=kv_desc, dk_desc=kv_desc,
+                         dv_desc=kv_desc, dqa_desc=tensordesc("fp32", [G.BWD_BLOCK_M, head_dim], lay["dqa_layout"]))
             consts = dict(HEAD_DIM=head_dim, BLOCK_M=G.BWD_BLOCK_M, BLOCK_N=G.BWD_BLOCK_N, STAGES=G.BWD_STAGES,
-                          DQ_STAGES=G.BWD_DQ_STAGES, IS_CAUSAL=causal, WARPS=G.BWD_WARPS,
-                          **G.bwd_layouts(head_dim, gl.bfloat16))
-            r = resources(G._bwd_kernel, consts, G.BWD_WARPS, G.BWD_STAGES)
+                          DQ_STAGES=G.BWD_DQ_STAGES, IS_CAUSAL=causal, WARPS=G.BWD_WARPS, ds_layout=lay["ds_layout"])
+            r = resources(G._bwd_kernel, consts, G.BWD_WARPS, G.BWD_STAGES, types=types)
             print(f"hd {head_dim} causal {causal} ws (shipped: BLOCK_M {G.BWD_BLOCK_M}, BLOCK_N {G.BWD_BLOCK_N}, "
                   f"{G.BWD_WARPS} compute warps + loader + dQ writer, stages {G.BWD_STAGES}, dQ stages "
                   f"{G.BWD_DQ_STAGES}, LSE/delta by the loader): regs {r['regs']}, spill stack {r['stack']} B, smem "

@@ -43,16 +43,18 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from kernels.flash_gluon import _fwd_kernel as _attn_fwd_ws, _head_tiles, _softmax_tile  # noqa: E402
+from kernels.flash_gluon import _fwd_kernel as _attn_fwd_ws, _softmax_tile  # noqa: E402
 
 LOG2E = 1.4426950408889634
 
 
 @gluon.jit
 def head_tiles(ptr, total_rows, nheads, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, layout: gl.constexpr):
-    """TMA descriptor of contiguous (batch, seqlen, nheads, HEAD_DIM) data in blocks of BLOCK rows by one head
-    (kernels.flash_gluon._head_tiles with rows nheads * HEAD_DIM apart)."""
-    return _head_tiles(ptr, total_rows, nheads * HEAD_DIM, nheads, BLOCK, HEAD_DIM, layout)
+    """TMA descriptor, built by the program, of contiguous (batch, seqlen, nheads, HEAD_DIM) data viewed as
+    (batch * seqlen, nheads * HEAD_DIM), in blocks of BLOCK rows by one head (the shipped kernels take host-built
+    ones: kernels.flash_gluon.head_tiles)."""
+    return tma.make_tensor_descriptor(ptr, [total_rows, nheads * HEAD_DIM], [nheads * HEAD_DIM, 1],
+                                      [BLOCK, HEAD_DIM], layout)
 
 
 @gluon.jit
@@ -206,15 +208,18 @@ def gluon_attention(q, k, v, causal: bool, config=CONFIGS[0]):
     if head_dim not in (64, 128, 256) or seqlen % block_m or seqlen % block_n:
         raise ValueError(f"head dim 64, 128 or 256 and seqlen a multiple of {block_m} and {block_n}; got {q.shape}")
     q, k, v = (x.contiguous() for x in (q, k, v))
-    from kernels.flash import _ensure_tma_allocator  # in-kernel TMA descriptors take global scratch
+    from kernels.flash import _ensure_tma_allocator  # the plain kernel's in-kernel descriptors take global scratch
 
     _ensure_tma_allocator()
     o = torch.empty_like(q)
     lse = torch.empty(batch, nheads, seqlen, dtype=torch.float32, device=q.device)
-    # the shipped ws kernel also takes the GQA group and the row strides
-    shape_args = (nheads,) if variant == "plain" else (nheads, 1, q.stride(1), k.stride(1), v.stride(1))
+    if variant == "ws":  # the shipped kernel, through its launcher (host-built descriptors since session 25)
+        from kernels.flash_gluon import gluon_forward
+
+        gluon_forward(q, k, v, o, lse, LOG2E / math.sqrt(head_dim), causal, tiles=(block_m, block_n, stages))
+        return o, lse
     kernel[(seqlen // block_m, batch * nheads)](
-        q, k, v, o, lse, batch * seqlen, seqlen, *shape_args, LOG2E / math.sqrt(head_dim), head_dim, block_m,
+        q, k, v, o, lse, batch * seqlen, seqlen, nheads, LOG2E / math.sqrt(head_dim), head_dim, block_m,
         block_n, stages, causal, **extra(head_dim, block_m, block_n, warps), num_warps=warps)
     return o, lse
 
@@ -232,7 +237,14 @@ def compile_report():
                 block_m, block_n, stages, warps = cfg
                 consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal,
                               **extra(head_dim, block_m, block_n, warps))
-                r = resources(kernel, consts, warps, stages)
+                types = None
+                if variant == "ws":  # the shipped kernel takes host-built descriptors in the layouts' place
+                    from kernel_resources import tensordesc
+
+                    q_desc = tensordesc("bf16", [block_m // 2, head_dim], consts.pop("q_layout"))
+                    kv_desc = tensordesc("bf16", [block_n, head_dim], consts.pop("kv_layout"))
+                    types = dict(q_desc=q_desc, o_desc=q_desc, k_desc=kv_desc, v_desc=kv_desc)
+                r = resources(kernel, consts, warps, stages, types=types)
                 print(f"hd {head_dim} causal {causal} {variant} (BLOCK_M, BLOCK_N, STAGES, warps) {cfg}: regs "
                       f"{r['regs']}, spill stack {r['stack']} B, smem {r['smem']} B", flush=True)
 
