@@ -34,7 +34,7 @@ Algorithm
   FlashAttention-3's ping-pong of two consumer warpgroups and a loader warp (1.07-1.21x / 1.2-1.9x the forward
   here); same outputs and LSE. Backward at head dim 128 without GQA (from 1K, 2K causal), outside deterministic
   mode: one kernel with a loader warp and a dQ warp beside 8 compute warps, dQ added by TMA reduces (1.14-1.39x the
-  two kernels here). `_gluon_unsupported` / `_gluon_bwd_unsupported` say why not elsewhere; FLASH_GLUON=0 turns
+  two kernels here, before its descriptors moved to the host: 1.0-1.2x more). `_gluon_unsupported` / `_gluon_bwd_unsupported` say why not elsewhere; FLASH_GLUON=0 turns
   both off.
 
 Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact under the

@@ -17,6 +17,11 @@ does (results/attention/gluon_fwd/README.md). Measured on one H100 against the `
 at head dim 128 from 1K tokens (results/attention/gluon_fwd/bench_h100.txt), 1.2-1.9x at 256 from 512
 (short_h100.txt, bench_h100_hd256.txt). The backward (`_bwd_kernel`, below) has its own account.
 
+Both take TMA descriptors built on the host (`head_tiles`, passed by value as __grid_constant__ parameters) rather
+than building their own in every program: 1.1-1.3x at 1K-2K tokens, 1.0-1.07x from 4K
+(results/attention/gluon_hostdesc/). Building them costs the host about 45 us each in Python (0.3 ms per backward
+call), which is what keeps the causal limits at 2K.
+
 Scope, checked by `unsupported` / `bwd_unsupported` (kernels/flash.py runs its `@triton.jit` kernels everywhere
 else): an sm_90 GPU, fp16/bf16, no dropout, no varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view
 runs one batch's rows into the next one's, so the tiles must not cross it) and at least MIN_SEQLEN /
@@ -321,8 +326,8 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
 #     dQ writer (1 warp) adds each dQ_i from the ring to a float32 dQ buffer by one TMA reduce, frees the slot
 #
 # The TMA reduce makes dQ's summation order vary from run to run, so deterministic mode keeps kernels/flash.py's
-# backward. Measured on one H100 against it (results/attention/gluon_bwd/bench_h100_s25.txt): 1.24-1.39x at head dim
-# 128, 0.87-0.94x cuDNN's backward; 0.71-0.97x at head dim 64, hence 128 only.
+# backward. Measured on one H100 against it (results/attention/gluon_bwd/bench_h100_s25.txt, device-built descriptors):
+# 1.24-1.39x at head dim 128, 0.87-0.94x cuDNN's backward; 0.71-0.97x at head dim 64, hence 128 only.
 # ---------------------------------------------------------------------------------------------------
 
 BWD_HEAD_DIM = 128
