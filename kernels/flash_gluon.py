@@ -31,6 +31,8 @@ output and the base-2 log-sum-exp are the ones `kernels.flash._fwd_kernel` write
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton._C.libtriton import ir
 from triton.experimental import gluon
@@ -302,8 +304,7 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
         raise ValueError("gluon_forward: o must be contiguous in q's dtype and lse contiguous (batch, nheads, seqlen)")
     block_m, block_n, stages = tiles or FWD_TILES[head_dim]
     dtype = _GL_DTYPES[q.dtype]
-    q_layout = gl.NVMMASharedLayout.get_default_for([block_m // 2, head_dim], dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
+    q_layout, kv_layout = _shared_layout(block_m // 2, head_dim, dtype), _shared_layout(block_n, head_dim, dtype)
     _fwd_kernel[(seqlen // block_m, batch * nheads)](
         head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
         head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, nheads // k.shape[2], qk_scale, head_dim, block_m,
@@ -522,13 +523,20 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         [1, 1], [24, 24])
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_layout(rows: int, cols: int, dtype):
+    """NVMMASharedLayout.get_default_for([rows, cols], dtype), kept: it costs ~5 us of host time a call, and every
+    launch needs two to four."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+
+
 def bwd_layouts(head_dim: int, dtype) -> dict:
     """The shared layouts of `_bwd_kernel`'s tiles: its descriptors' (Q / dO, K / V / dK / dV, the float32 dQ
     buffer) and dS^T's, which it takes as a constexpr (its compute partition builds the register layouts itself)."""
-    return dict(q_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, head_dim], dtype),
-                kv_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N, head_dim], dtype),
-                ds_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N, BWD_BLOCK_M], dtype),
-                dqa_layout=gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, head_dim], gl.float32))
+    return dict(q_layout=_shared_layout(BWD_BLOCK_M, head_dim, dtype),
+                kv_layout=_shared_layout(BWD_BLOCK_N, head_dim, dtype),
+                ds_layout=_shared_layout(BWD_BLOCK_N, BWD_BLOCK_M, dtype),
+                dqa_layout=_shared_layout(BWD_BLOCK_M, head_dim, gl.float32))
 
 
 def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str | None:
