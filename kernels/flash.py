@@ -1148,6 +1148,8 @@ def _gluon_bwd_unsupported(q, k, v, do, lse, delta, grads, causal: bool, dropout
         return "deterministic mode (its dQ reduce adds in a varying order)"
     if any(g.dtype != q.dtype for g in grads):
         return "gradient dtype other than the inputs' (kernels/ring.py's float32 partials)"
+    if do.dtype != q.dtype:  # its Q / dO ring holds one dtype
+        return f"dO in {do.dtype}, the inputs in {q.dtype}"
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape):
         return "LSE or delta not contiguous (batch, nheads, seqlen)"
     from kernels import flash_gluon

@@ -167,6 +167,7 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     assert "do: heads not side by side" in _bwd_why(q, k, v, do=q.transpose(1, 2).contiguous().transpose(1, 2))
     assert "dk: " in _bwd_why(q, k, v, grads=(q, k.transpose(1, 2).contiguous().transpose(1, 2), v))
     assert "gradient dtype" in _bwd_why(q, k, v, grads=(q.float(), k.float(), v.float()))
+    assert "dO in torch.float32" in _bwd_why(q, k, v, do=torch.empty(q.shape))
     assert "LSE" in _bwd_why(q, k, v, lse=torch.empty(1, 1024, 4).transpose(1, 2))
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     assert "deterministic" in _bwd_why(q, k, v)
