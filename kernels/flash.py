@@ -34,8 +34,8 @@ Algorithm
   FlashAttention-3's ping-pong of two consumer warpgroups and a loader warp (1.07-1.21x / 1.2-1.9x the forward
   here); same outputs and LSE. Backward at head dim 128 without GQA (from 1K, 2K causal), outside deterministic
   mode: one kernel with a loader warp and a dQ warp beside 8 compute warps, dQ added by TMA reduces (1.14-1.39x the
-  two kernels here, before its descriptors moved to the host: 1.0-1.2x more). `_gluon_unsupported` / `_gluon_bwd_unsupported` say why not elsewhere; FLASH_GLUON=0 turns
-  both off.
+  two kernels here, before its descriptors moved to the host: 1.0-1.2x more). `_gluon_unsupported` /
+  `_gluon_bwd_unsupported` say why not elsewhere; FLASH_GLUON=0 turns both off.
 
 Supports float16 and bfloat16 (float32 too, through tf32 dots on the GPU, exact under the
 interpreter), head dims that are multiples of 8 up to 256 (padded to a power of two with masked
@@ -1108,18 +1108,26 @@ def _fwd_kind(q, k, v, causal: bool, dropout_p: float, varlen: bool, warp_spec: 
     return ("fwd", _fwd_tuned) if causal else ("fwd_ws", None)
 
 
-# The Gluon forward (kernels/flash_gluon.py) is written against Triton 3.6's Gluon API, which is experimental and
+# The Gluon kernels (kernels/flash_gluon.py) are written against Triton 3.6's Gluon API, which is experimental and
 # changes between releases: other Triton versions run this module's kernels.
 _GLUON_TRITON = tuple(int(x) for x in triton.__version__.split(".")[:2]) == (3, 6)
-GLUON_FORWARD = os.environ.get("FLASH_GLUON", "1") != "0"
+GLUON_KERNELS = os.environ.get("FLASH_GLUON", "1") != "0"
+
+
+def _gluon_off() -> str | None:
+    """Why no Gluon kernel runs in this process, or None."""
+    if not GLUON_KERNELS:
+        return "FLASH_GLUON=0"
+    if not _GLUON_TRITON:
+        return f"Triton {triton.__version__} (the Gluon kernels are written for 3.6)"
+    return None
 
 
 def _gluon_unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool, out_dtype) -> str | None:
     """Why the Gluon forward does not take this call, or None (then `_flash_fwd` launches it)."""
-    if not GLUON_FORWARD:
-        return "FLASH_GLUON=0"
-    if not _GLUON_TRITON:
-        return f"Triton {triton.__version__} (the Gluon forward is written for 3.6)"
+    off = _gluon_off()
+    if off:
+        return off
     if out_dtype not in (None, q.dtype):
         return "an output dtype other than the inputs' (kernels/ring.py's float32 partials)"
     from kernels import flash_gluon  # here, not at the top: only Triton 3.6's Gluon API is known to import
@@ -1140,10 +1148,9 @@ def _tma_layout_unsupported(varlen: bool, **tensors) -> str | None:
 def _gluon_bwd_unsupported(q, k, v, do, lse, delta, grads, causal: bool, dropout_p: float, varlen: bool) -> str | None:
     """Why the Gluon backward does not take this call, or None (then `_flash_bwd` launches it). grads: the (dq, dk,
     dv) buffers it would fill."""
-    if not GLUON_FORWARD:
-        return "FLASH_GLUON=0"
-    if not _GLUON_TRITON:
-        return f"Triton {triton.__version__} (the Gluon backward is written for 3.6)"
+    off = _gluon_off()
+    if off:
+        return off
     if torch.are_deterministic_algorithms_enabled():
         return "deterministic mode (its dQ reduce adds in a varying order)"
     if any(g.dtype != q.dtype for g in grads):

@@ -42,6 +42,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from kernels.flash import LOG2E
+
 # (BLOCK_M, BLOCK_N, STAGES) per head dim: at 128 the fastest of the prototype's configs at every benchmarked point;
 # at 256 the one that fits shared memory (197 KB) without spills (1.18-1.43x the @triton.jit forward, 1.15-1.62x
 # FlashAttention-2's on the H100: results/attention/gluon_fwd/bench_h100_hd256.txt)
@@ -285,6 +287,13 @@ def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | 
     return _scope_problem(q, k, causal, dropout_p, varlen, MIN_SEQLEN[head_dim, causal])
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_layout(rows: int, cols: int, dtype):
+    """NVMMASharedLayout.get_default_for([rows, cols], dtype), kept: it costs ~5 us of host time a call, and every
+    launch needs two to four."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+
+
 def head_tiles(t: torch.Tensor, block_rows: int, layout) -> TensorDescriptor:
     """Host TMA descriptor of t (batch, seqlen, nheads, head_dim), heads side by side and its rows t.stride(1) apart,
     as the 2-D (batch * seqlen, nheads * head_dim) matrix in tiles of block_rows rows of one head. Built on the host
@@ -523,13 +532,6 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         [1, 1], [24, 24])
 
 
-@functools.lru_cache(maxsize=None)
-def _shared_layout(rows: int, cols: int, dtype):
-    """NVMMASharedLayout.get_default_for([rows, cols], dtype), kept: it costs ~5 us of host time a call, and every
-    launch needs two to four."""
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
-
-
 def bwd_layouts(head_dim: int, dtype) -> dict:
     """The shared layouts of `_bwd_kernel`'s tiles: its descriptors' (Q / dO, K / V / dK / dV, the float32 dQ
     buffer) and dS^T's, which it takes as a constexpr (its compute partition builds the register layouts itself)."""
@@ -563,6 +565,6 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     keys = lambda t: head_tiles(t, BWD_BLOCK_N, lay["kv_layout"])  # noqa: E731
     _bwd_kernel[(seqlen // BWD_BLOCK_N, batch * nheads)](
         queries(q), queries(do), keys(k), keys(v), keys(dk), keys(dv), head_tiles(dqa, BWD_BLOCK_M, lay["dqa_layout"]),
-        lse, delta, seqlen, nheads, softmax_scale * 1.4426950408889634, softmax_scale, head_dim, BWD_BLOCK_M,
+        lse, delta, seqlen, nheads, softmax_scale * LOG2E, softmax_scale, head_dim, BWD_BLOCK_M,
         BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES, causal, BWD_WARPS, lay["ds_layout"], num_warps=BWD_WARPS)
     torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

@@ -23,7 +23,7 @@ def as_if_sm90(monkeypatch):
     """The launcher's view of an sm_90 GPU with Triton 3.6, for the selection logic on any machine."""
     monkeypatch.setattr(F, "_ws_platform_unsupported", lambda q: None)
     monkeypatch.setattr(F, "_GLUON_TRITON", True)
-    monkeypatch.setattr(F, "GLUON_FORWARD", True)
+    monkeypatch.setattr(F, "GLUON_KERNELS", True)
 
 
 def _why(q, k, v, causal=False, dropout_p=0.0, varlen=False, out_dtype=None):
@@ -66,9 +66,9 @@ def test_gluon_scope(as_if_sm90, monkeypatch):
     assert "varlen" in _why(q[0], k[0], v[0], varlen=True)
     assert "output dtype" in _why(q, k, v, out_dtype=torch.float32)
     assert _why(q, k, v, out_dtype=torch.bfloat16) is None
-    monkeypatch.setattr(F, "GLUON_FORWARD", False)
+    monkeypatch.setattr(F, "GLUON_KERNELS", False)
     assert "FLASH_GLUON=0" in _why(q, k, v)
-    monkeypatch.setattr(F, "GLUON_FORWARD", True)
+    monkeypatch.setattr(F, "GLUON_KERNELS", True)
     monkeypatch.setattr(F, "_GLUON_TRITON", False)
     assert "Triton" in _why(q, k, v)
 
@@ -172,7 +172,7 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     assert "deterministic" in _bwd_why(q, k, v)
     monkeypatch.undo()
-    monkeypatch.setattr(F, "GLUON_FORWARD", False)
+    monkeypatch.setattr(F, "GLUON_KERNELS", False)
     assert "FLASH_GLUON=0" in _bwd_why(q, k, v)
 
 
@@ -236,6 +236,16 @@ GPU_CASES = [  # (batch, seqlen, nheads, nheads_k, causal)
 ]
 
 
+def _check_automatic(qkv, causal, monkeypatch):
+    """check_ws on inputs the Gluon forward takes, with the launcher's automatic choice: check_ws forces
+    warp_spec=True, which bypasses Gluon, so the forced flag is dropped here."""
+    q, k, v = qkv
+    assert _why(q, k, v, causal) is None
+    flash_fwd = F._flash_fwd
+    monkeypatch.setattr(F, "_flash_fwd", lambda *a, warp_spec=None, **kw: flash_fwd(*a, **kw))
+    check_ws(q, k, v, causal)
+
+
 @pytest.mark.gpu
 @gluon_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -244,11 +254,7 @@ def test_gpu_gluon_matches_reference(case, dtype, any_length, monkeypatch):
     """check_ws's bounds (outputs and LSE 2x plain PyTorch's error, gradients 3x, plus a floor), with the Gluon
     forward: check_ws forces warp_spec=True, so it is pointed at the automatic choice here."""
     b, n, h, hk, causal = case
-    q, k, v = _qkv(b, n, n, h, hk, 128, dtype, "cuda")
-    assert _why(q, k, v, causal) is None
-    flash_fwd = F._flash_fwd
-    monkeypatch.setattr(F, "_flash_fwd", lambda *a, warp_spec=None, **kw: flash_fwd(*a, **kw))
-    check_ws(q, k, v, causal)
+    _check_automatic(_qkv(b, n, n, h, hk, 128, dtype, "cuda"), causal, monkeypatch)
 
 
 @pytest.mark.gpu
@@ -256,11 +262,7 @@ def test_gpu_gluon_matches_reference(case, dtype, any_length, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_gluon_head_dim_256_matches_reference(causal, any_length, monkeypatch):
     """The forward's 64-key tiles at head dim 256 (with the @triton.jit backward from its O and LSE)."""
-    q, k, v = _qkv(2, 512, 512, 4, 2, 256, torch.bfloat16, "cuda")
-    assert _why(q, k, v, causal) is None
-    flash_fwd = F._flash_fwd
-    monkeypatch.setattr(F, "_flash_fwd", lambda *a, warp_spec=None, **kw: flash_fwd(*a, **kw))
-    check_ws(q, k, v, causal)
+    _check_automatic(_qkv(2, 512, 512, 4, 2, 256, torch.bfloat16, "cuda"), causal, monkeypatch)
 
 
 @pytest.mark.gpu

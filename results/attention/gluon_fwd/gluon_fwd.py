@@ -340,9 +340,9 @@ def short():
                 assert F._gluon_unsupported(q, k, v, causal, 0.0, False, None) is None
                 times = {}
                 for name, on in (("gluon", True), ("triton", False)):
-                    F.GLUON_FORWARD = on
+                    F.GLUON_KERNELS = on
                     times[name] = do_bench(lambda: F.flash_attn_func(q, k, v, causal=causal))
-                F.GLUON_FORWARD = True
+                F.GLUON_KERNELS = True
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
                     fa2 = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,

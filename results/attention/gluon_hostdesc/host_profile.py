@@ -25,7 +25,7 @@ def main(calls=200):
     scale = d ** -0.5
     o, lse, seed = F._flash_fwd(q, k, v, scale, True, 0.0, False, None, None, n, n)
     for gluon in (True, False):
-        F.GLUON_FORWARD = gluon
+        F.GLUON_KERNELS = gluon
 
         def fwd():
             return F._flash_fwd(q, k, v, scale, True, 0.0, False, None, None, n, n)
