@@ -43,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.flash import LOG2E
+from kernels.launch import launch
 
 # (BLOCK_M, BLOCK_N, STAGES) per head dim: at 128 the fastest of the prototype's configs at every benchmarked point;
 # at 256 the one that fits shared memory (197 KB) without spills (1.18-1.43x the @triton.jit forward, 1.15-1.62x
@@ -314,10 +315,11 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
     block_m, block_n, stages = tiles or FWD_TILES[head_dim]
     dtype = _GL_DTYPES[q.dtype]
     q_layout, kv_layout = _shared_layout(block_m // 2, head_dim, dtype), _shared_layout(block_n, head_dim, dtype)
-    _fwd_kernel[(seqlen // block_m, batch * nheads)](
-        head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
-        head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, nheads // k.shape[2], qk_scale, head_dim, block_m,
-        block_n, stages, causal, CONSUMER_REGS, num_warps=4)
+    launch(_fwd_kernel, (seqlen // block_m, batch * nheads),
+           (head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
+            head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, nheads // k.shape[2], qk_scale),
+           dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal,
+                CONSUMER_REGS=CONSUMER_REGS, num_warps=4))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -563,8 +565,10 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype])
     queries = lambda t: head_tiles(t, BWD_BLOCK_M, lay["q_layout"])  # noqa: E731
     keys = lambda t: head_tiles(t, BWD_BLOCK_N, lay["kv_layout"])  # noqa: E731
-    _bwd_kernel[(seqlen // BWD_BLOCK_N, batch * nheads)](
-        queries(q), queries(do), keys(k), keys(v), keys(dk), keys(dv), head_tiles(dqa, BWD_BLOCK_M, lay["dqa_layout"]),
-        lse, delta, seqlen, nheads, softmax_scale * LOG2E, softmax_scale, head_dim, BWD_BLOCK_M,
-        BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES, causal, BWD_WARPS, lay["ds_layout"], num_warps=BWD_WARPS)
+    launch(_bwd_kernel, (seqlen // BWD_BLOCK_N, batch * nheads),
+           (queries(q), queries(do), keys(k), keys(v), keys(dk), keys(dv),
+            head_tiles(dqa, BWD_BLOCK_M, lay["dqa_layout"]), lse, delta, seqlen, nheads, softmax_scale * LOG2E,
+            softmax_scale),
+           dict(HEAD_DIM=head_dim, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=BWD_STAGES, DQ_STAGES=BWD_DQ_STAGES,
+                IS_CAUSAL=causal, WARPS=BWD_WARPS, ds_layout=lay["ds_layout"], num_warps=BWD_WARPS))
     torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

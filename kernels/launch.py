@@ -12,14 +12,16 @@ The first call of a specialisation goes through JITFunction.run (compiling if ne
 is then kept under a key made of
   - the constexprs and launch options (num_warps, num_stages, ...), as given;
   - per leading tensor argument, its dtype and whether its address is 16-byte aligned (what Triton
-    specialises a pointer on);
+    specialises a pointer on); per leading host TMA descriptor (Triton's or Gluon's TensorDescriptor), its
+    type, dtype, block shape, shared layout and padding (what Triton specialises a descriptor on; its shape and
+    strides are run-time arguments, encoded into a CUtensorMap by the launcher on every call);
   - the exact value of every other argument, except those the kernel declares `do_not_specialize` (per-
     batch values such as a varlen LSE stride), which Triton compiles for by width only: they stay out of
     the key, and the direct path is taken only while they fit in 32 bits (as when the kernel was kept).
 Triton's own specialisation depends on no more than this (an int's value only through ==1, %16 and its
 width), so one key always means one compiled kernel; a new value only costs one call through
-JITFunction.run. Arguments laid out otherwise than tensors-then-numbers, a launch hook (profilers such as
-proton set one), and the interpreter always take `kernel[grid](...)`.
+JITFunction.run. Arguments laid out otherwise than tensors/descriptors-then-numbers, a launch hook (profilers
+such as proton add one), and the interpreter always take `kernel[grid](...)`.
 """
 from __future__ import annotations
 
@@ -30,12 +32,28 @@ import torch
 from triton import knobs
 from triton.runtime import driver
 
+
+def _descriptor_types() -> tuple:
+    """The host TMA descriptor classes this Triton has (Gluon's only where its experimental API imports)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    types = [TensorDescriptor]
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+        types.append(GluonDescriptor)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
 # (kernel, device) -> {key: (compiled kernel, values of the parameters after args, in signature order)}
 _COMPILED: dict = {}
-# kernel -> (argument count, leading tensor count, getter of the keyed numbers, getter of the do_not_specialize ints), or
-# None when the kernel's arguments are not laid out as tensors then numbers (never keyed)
+# kernel -> (argument count, leading tensor / descriptor count, getter of the keyed numbers, getter of the
+# do_not_specialize ints), or None when the kernel's arguments are not laid out as tensors and descriptors then numbers
+# (never keyed)
 _LAYOUT: dict = {}
 _NUMBERS = (int, float, bool)
+_DESCRIPTORS = _descriptor_types()
 _INT32 = (-2**31, 2**31 - 1)
 # Entries per (kernel, device) before the cache starts over: every new value of a keyed argument (a new shape's
 # strides, a varlen batch's rounded longest sequence) adds one, and a long run must not grow without bound.
@@ -47,8 +65,17 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _hook_set(hook) -> bool:
+    # Triton 3.6 keeps each launch hook as a HookChain, never None, with its functions in .calls; older
+    # releases kept one function or None. Testing `is not None` alone made every launch look hooked on 3.6,
+    # so none took the direct path (found in session 26's host profile).
+    if isinstance(hook, getattr(knobs, "HookChain", ())):
+        return bool(hook.calls)
+    return hook is not None
+
+
 def _launch_hooked() -> bool:
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    return _hook_set(knobs.runtime.launch_enter_hook) or _hook_set(knobs.runtime.launch_exit_hook)
 
 
 def _current_device() -> int:
@@ -69,11 +96,19 @@ def _getter(indices: list[int]):
     return itemgetter(*indices)
 
 
+def _leading_key(a) -> tuple:
+    """What Triton specialises a leading argument on: a tensor's dtype and 16-byte alignment; a host TMA
+    descriptor's type, dtype, block shape, shared layout (Gluon's) and padding."""
+    if type(a) in _DESCRIPTORS:
+        return type(a), a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None), a.padding
+    return a.dtype, a.data_ptr() % 16 == 0
+
+
 def _layout(kernel, args):
     if kernel in _LAYOUT:
         return _LAYOUT[kernel]
     n = 0
-    while n < len(args) and isinstance(args[n], torch.Tensor):
+    while n < len(args) and (isinstance(args[n], torch.Tensor) or type(args[n]) in _DESCRIPTORS):
         n += 1
     layout = None
     if all(type(a) in _NUMBERS for a in args[n:]):
@@ -116,7 +151,7 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
     _, n, keyed, unkeyed = layout
     rest = args[n:]
     try:
-        tensors = tuple((t.dtype, t.data_ptr() % 16 == 0) for t in args[:n])
+        tensors = tuple(map(_leading_key, args[:n]))
         key = (tuple(constexprs.items()), tensors, keyed(rest))
         small = _fits_int32(unkeyed(rest))
     except (AttributeError, IndexError):  # a call laid out unlike the first one: no key for it

@@ -133,6 +133,58 @@ def test_hooks_and_interpreter_take_triton_path(fake, monkeypatch):
     assert paths(fake) == ["triton"] * 3
 
 
+def test_no_hook_means_not_hooked_on_this_triton(monkeypatch):
+    """Triton 3.6 keeps the launch hooks as (empty) HookChains, not None: an empty chain must not count as a hook,
+    or no launch ever takes the direct path (as happened until session 26); a function added to it must."""
+    from triton import knobs
+
+    assert not L._launch_hooked()
+    hook = lambda metadata: None  # noqa: E731
+    if isinstance(knobs.runtime.launch_enter_hook, getattr(knobs, "HookChain", ())):
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            assert L._launch_hooked()
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+        assert L._launch_hooked()
+    assert not L._launch_hooked()
+
+
+def test_descriptors_are_keyed_by_what_triton_specialises_on(fake):
+    """Host TMA descriptors (Triton's and Gluon's) may lead the arguments: a new shape or base of the same block
+    shape and layout is direct (the launcher encodes them each call); a new block shape, dtype or layout is not."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x, y = torch.zeros(64, 64), torch.zeros(64)
+    half = x.half()
+    lay = gl.NVMMASharedLayout.get_default_for([16, 64], gl.float32)
+    other_lay = gl.NVMMASharedLayout.get_default_for([16, 64], gl.float32, transposed=True)
+
+    def tools(t, block, shape=(64, 64)):
+        return TensorDescriptor(t, list(shape), [64, 1], block)
+
+    def gluon(t, block, layout, shape=(64, 64)):
+        return GluonDescriptor(t, list(shape), [64, 1], block, layout)
+
+    rest = (64, 16, 1000, 0.5)
+    L.launch(fake, (1,), (tools(x, [16, 64]), y, *rest), {"BLOCK": 32})
+    L.launch(fake, (1,), (tools(torch.zeros(64, 64), [16, 64], (48, 64)), y, *rest), {"BLOCK": 32})
+    L.launch(fake, (1,), (tools(x, [32, 64]), y, *rest), {"BLOCK": 32})
+    L.launch(fake, (1,), (tools(half, [16, 64]), y, *rest), {"BLOCK": 32})
+    assert paths(fake) == ["triton", "direct", "triton", "triton"]
+    assert fake.log[1][1][9].shape == [48, 64]  # the launcher got this call's descriptor
+    fake.log.clear()
+    L.launch(fake, (1,), (gluon(x, [16, 64], lay), y, *rest), {"BLOCK": 32})
+    L.launch(fake, (1,), (gluon(x, [16, 64], lay, (32, 64)), y, *rest), {"BLOCK": 32})
+    L.launch(fake, (1,), (gluon(x, [16, 64], other_lay), y, *rest), {"BLOCK": 32})
+    L.launch(fake, (1,), (tools(x, [16, 64]), y, *rest), {"BLOCK": 32})  # Triton's, kept since the first launch
+    assert paths(fake) == ["triton", "direct", "triton", "direct"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("varlen", [False, True])
 def test_gpu_direct_launches_match_triton_launches(varlen, monkeypatch):
