@@ -50,10 +50,11 @@ from kernels.launch import launch
 # FlashAttention-2's on the H100: results/attention/gluon_fwd/bench_h100_hd256.txt)
 FWD_TILES = {128: (128, 128, 3), 256: (128, 64, 2)}
 CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
-# Shortest sequences it takes, per (head dim, causal): below them the @triton.jit forward was as fast or faster on the
-# H100 (results/attention/gluon_fwd/short_h100.txt, the shipped forward with and without Gluon at 512-2K: head dim 128
-# 0.95x at 512 non-causal, 0.79x at 512 and 1.01x at 1K causal); at head dim 256 it is 1.45-1.86x from 512.
-MIN_SEQLEN = {(128, False): 1024, (128, True): 2048, (256, False): 512, (256, True): 512}
+# Shortest sequences it takes, per (head dim, causal). With every launch on kernels/launch.py's direct path
+# (results/attention/launch_direct/short_h100.txt), head dim 128: 1.29x the @triton.jit forward at 1K (either), 1.08x
+# at 512 causal and 1.25x at 512 non-causal alone, but in the autograd forward+backward at 512 non-causal 0.80x (not
+# explained), so 512 stays with the @triton.jit kernels; head dim 256: 1.43-1.51x at 512.
+MIN_SEQLEN = {(128, False): 1024, (128, True): 1024, (256, False): 512, (256, True): 512}
 
 
 @gluon.constexpr_function
@@ -345,10 +346,11 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
 BWD_HEAD_DIM = 128
 BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES = 64, 128, 2, 2  # the fastest of the A/B's three configs
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
-# Shortest sequences it takes, per causal: in kernels/flash.py's backward with and without it
-# (results/attention/gluon_bwd/ab_h100.txt) it was 0.99x / 0.86x the @triton.jit kernels at 512 (non-causal /
-# causal), 1.14x / 1.01x at 1K, 1.20x / 1.15x at 2K, 1.27-1.39x from 4K.
-BWD_MIN_SEQLEN = {False: 1024, True: 2048}
+# Shortest sequences it takes, per causal: in kernels/flash.py's backward with and without it, every launch on the
+# direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the @triton.jit kernels at 1K
+# (non-causal / causal), 1.27x at 2K causal, 1.13x / 1.01x at 512 (see MIN_SEQLEN for why 512 stays with them);
+# 1.27-1.39x from 4K (results/attention/gluon_bwd/ab_h100.txt).
+BWD_MIN_SEQLEN = {False: 1024, True: 1024}
 
 
 @_core.builtin

@@ -48,8 +48,9 @@ def test_gluon_scope(as_if_sm90, monkeypatch):
     assert _why(q, k, v) is None and _why(q, k, v, causal=True) is None
     assert _why(*torch.randn(1, 2048, 3, 4, 128, dtype=torch.bfloat16).unbind(2)) is None  # packed qkv views
     assert _why(q[:, :1024], k[:, :1024], v[:, :1024]) is None
-    assert "below 2048 causal" in _why(q[:, :1024], k[:, :1024], v[:, :1024], causal=True)
+    assert _why(q[:, :1024], k[:, :1024], v[:, :1024], causal=True) is None
     assert "below 1024" in _why(q[:, :512], k[:, :512], v[:, :512])
+    assert "below 1024 causal" in _why(q[:, :512], k[:, :512], v[:, :512], causal=True)
     q, k, v = _qkv(1, 1024, 1024, 4, 2, 128)
     assert _why(*_qkv(1, 512, 512, 4, 2, 256)) is None and _why(*_qkv(1, 512, 512, 4, 2, 256), causal=True) is None
     assert "below 512" in _why(*_qkv(1, 256, 256, 4, 2, 256))
@@ -150,8 +151,9 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     assert _bwd_why(q, k, v) is None and _bwd_why(q, k, v, causal=True) is None
     packed = torch.randn(1, 2048, 3, 4, 128, dtype=torch.bfloat16)
     assert _bwd_why(*packed.unbind(2), grads=torch.empty_like(packed).unbind(2)) is None  # packed qkv and dqkv
-    assert "below 2048 causal" in _bwd_why(q[:, :1024], k[:, :1024], v[:, :1024], causal=True)
+    assert _bwd_why(q[:, :1024], k[:, :1024], v[:, :1024], causal=True) is None
     assert "below 1024" in _bwd_why(q[:, :512], k[:, :512], v[:, :512])
+    assert "below 1024 causal" in _bwd_why(q[:, :512], k[:, :512], v[:, :512], causal=True)
     cases = {
         "head dim 64": _qkv(1, 1024, 1024, 4, 4, 64),
         "grouped-query": _qkv(1, 1024, 1024, 4, 2, 128),
