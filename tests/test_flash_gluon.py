@@ -151,7 +151,7 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     assert _bwd_why(q, k, v) is None and _bwd_why(q, k, v, causal=True) is None
     packed = torch.randn(1, 2048, 3, 4, 128, dtype=torch.bfloat16)
     assert _bwd_why(*packed.unbind(2), grads=torch.empty_like(packed).unbind(2)) is None  # packed qkv and dqkv
-    assert _bwd_why(q[:, :1024], k[:, :1024], v[:, :1024], causal=True) is None
+    assert _bwd_why(*_qkv(2, 1024, 1024, 4, 4, 128), causal=True) is None
     assert "below 1024" in _bwd_why(q[:, :512], k[:, :512], v[:, :512])
     assert "below 1024 causal" in _bwd_why(q[:, :512], k[:, :512], v[:, :512], causal=True)
     cases = {
