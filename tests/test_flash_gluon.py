@@ -104,6 +104,19 @@ def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
         assert len(calls) == 1
 
 
+def test_head_tiles_equals_a_checked_descriptor():
+    """head_tiles skips TensorDescriptor's own checks (host time); what it builds must equal the checked one."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from kernels import flash_gluon
+
+    packed = torch.randn(2, 256, 3, 4, 128, dtype=torch.bfloat16)
+    lay = flash_gluon._shared_layout(64, 128, flash_gluon.gl.bfloat16)
+    for t in (packed[:, :, 1], torch.randn(2, 256, 4, 128, dtype=torch.float16)):
+        checked = TensorDescriptor(t, [512, 512], [t.stride(1), 1], [64, 128], lay)
+        assert flash_gluon.head_tiles(t, 64, lay) == checked
+
+
 def _compile_gluon_sm90(dtype: str, causal: bool, head_dim: int = 128) -> dict:
     """resources(kernels.flash_gluon._fwd_kernel) for sm_90, with the launcher's constexprs and descriptor types."""
     import kernels.flash_gluon as G
