@@ -15,17 +15,19 @@ ptxas places the wait for P V before the softmax's exponentials whatever the sou
 warpgroup that FlashAttention-3's paper also describes does not survive; the overlap between the two warpgroups
 does (results/attention/gluon_fwd/README.md). Measured on one H100 against the `@triton.jit` forward: 1.07-1.21x
 at head dim 128 from 1K tokens (results/attention/gluon_fwd/bench_h100.txt), 1.2-1.9x at 256 from 512
-(short_h100.txt, bench_h100_hd256.txt). The backward (`_bwd_kernel`, below) has its own account.
+(short_h100.txt, bench_h100_hd256.txt), 1.03-1.12x at 64 from 2K non-causal and 4K causal
+(results/attention/launch_direct/hd64_fwd_h100.txt). The backward (`_bwd_kernel`, below) has its own account.
 
 Both take TMA descriptors built on the host (`head_tiles`, passed by value as __grid_constant__ parameters) rather
 than building their own in every program: 1.1-1.3x at 1K-2K tokens, 1.0-1.07x from 4K
-(results/attention/gluon_hostdesc/). Building them costs the host about 45 us each in Python (0.3 ms per backward
-call), which is what keeps the causal limits at 2K.
+(results/attention/gluon_hostdesc/). Both launch through kernels/launch.py's direct path, which keys the descriptors
+by block shape and layout, so a repeated call does not go through JITFunction.run (results/attention/launch_direct/).
 
 Scope, checked by `unsupported` / `bwd_unsupported` (kernels/flash.py runs its `@triton.jit` kernels everywhere
 else): an sm_90 GPU, fp16/bf16, no dropout, no varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view
 runs one batch's rows into the next one's, so the tiles must not cross it) and at least MIN_SEQLEN /
-BWD_MIN_SEQLEN; the forward at head dims 128 and 256, with grouped-query attention, the backward at 128 without it.
+BWD_MIN_SEQLEN; the forward at head dims 64, 128 and 256, with grouped-query attention, the backward at 128 without
+it.
 Any row stride that TMA can read is supported (q, k, v as views of a packed qkv; dq, dk, dv of a packed dqkv). The
 output and the base-2 log-sum-exp are the ones `kernels.flash._fwd_kernel` writes, so either backward takes them.
 """
@@ -47,14 +49,18 @@ from kernels.launch import launch
 
 # (BLOCK_M, BLOCK_N, STAGES) per head dim: at 128 the fastest of the prototype's configs at every benchmarked point;
 # at 256 the one that fits shared memory (197 KB) without spills (1.18-1.43x the @triton.jit forward, 1.15-1.62x
-# FlashAttention-2's on the H100: results/attention/gluon_fwd/bench_h100_hd256.txt)
-FWD_TILES = {128: (128, 128, 3), 256: (128, 64, 2)}
+# FlashAttention-2's on the H100: results/attention/gluon_fwd/bench_h100_hd256.txt); at 64 the best causal one of three
+# (results/attention/launch_direct/hd64_fwd_h100.txt: 1.06-1.12x causal from 4K, 1.03-1.11x non-causal from 2K; 4
+# stages were 1-3% faster non-causal and 1-4% slower causal)
+FWD_TILES = {64: (128, 128, 3), 128: (128, 128, 3), 256: (128, 64, 2)}
 CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
 # Shortest sequences it takes, per (head dim, causal). With every launch on kernels/launch.py's direct path
 # (results/attention/launch_direct/short_h100.txt), head dim 128: 1.29x the @triton.jit forward at 1K (either), 1.08x
 # at 512 causal and 1.25x at 512 non-causal alone, but in the autograd forward+backward at 512 non-causal 0.80x (not
-# explained), so 512 stays with the @triton.jit kernels; head dim 256: 1.43-1.51x at 512.
-MIN_SEQLEN = {(128, False): 1024, (128, True): 1024, (256, False): 512, (256, True): 512}
+# explained), so 512 stays with the @triton.jit kernels; head dim 256: 1.43-1.51x at 512; head dim 64 (hd64_fwd_h100.txt):
+# 0.98-0.99x at 1K non-causal, 0.98x at 2K causal, gains from the next length up.
+MIN_SEQLEN = {(64, False): 2048, (64, True): 4096, (128, False): 1024, (128, True): 1024, (256, False): 512,
+              (256, True): 512}
 
 
 @gluon.constexpr_function

@@ -54,8 +54,11 @@ def test_gluon_scope(as_if_sm90, monkeypatch):
     q, k, v = _qkv(1, 1024, 1024, 4, 2, 128)
     assert _why(*_qkv(1, 512, 512, 4, 2, 256)) is None and _why(*_qkv(1, 512, 512, 4, 2, 256), causal=True) is None
     assert "below 512" in _why(*_qkv(1, 256, 256, 4, 2, 256))
+    assert _why(*_qkv(1, 2048, 2048, 4, 2, 64)) is None and _why(*_qkv(1, 4096, 4096, 2, 2, 64), causal=True) is None
+    assert "below 4096 causal" in _why(*_qkv(1, 2048, 2048, 4, 2, 64), causal=True)
+    assert "below 2048" in _why(*_qkv(1, 1024, 1024, 4, 2, 64))
     cases = {
-        "head dim 64": _qkv(1, 1024, 1024, 4, 4, 64),
+        "head dim 96": _qkv(1, 1024, 1024, 4, 4, 96),
         "not a multiple of 128": _qkv(1, 1000, 1000, 4, 4, 128),
         "seqlen_q != seqlen_k": _qkv(1, 1024, 2048, 4, 4, 128),
         "float32": _qkv(1, 1024, 1024, 4, 4, 128, torch.float32),
@@ -137,7 +140,7 @@ _SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 @needs_cuobjdump
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_gluon_forward_compiles_for_sm90_without_spills(causal, head_dim):
     import kernels.flash_gluon as G
 
@@ -275,9 +278,10 @@ def test_gpu_gluon_matches_reference(case, dtype, any_length, monkeypatch):
 @pytest.mark.gpu
 @gluon_gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_head_dim_256_matches_reference(causal, any_length, monkeypatch):
-    """The forward's 64-key tiles at head dim 256 (with the @triton.jit backward from its O and LSE)."""
-    _check_automatic(_qkv(2, 512, 512, 4, 2, 256, torch.bfloat16, "cuda"), causal, monkeypatch)
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_gpu_gluon_head_dims_64_256_match_reference(head_dim, causal, any_length, monkeypatch):
+    """The forward at head dims 64 and 256 (64-key tiles there), with the @triton.jit backward from its O and LSE."""
+    _check_automatic(_qkv(2, 512, 512, 4, 2, head_dim, torch.bfloat16, "cuda"), causal, monkeypatch)
 
 
 @pytest.mark.gpu
