@@ -11,18 +11,7 @@ sys.path.insert(0, ".")
 import torch  # noqa: E402
 
 import kernels.flash as F  # noqa: E402
-
-
-def host_us(fn, calls=100):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    out = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return out
+from short import host_us  # noqa: E402  (this folder's short.py)
 
 
 def main(n=1024, d=128, causal=True):
@@ -52,7 +41,7 @@ def main(n=1024, d=128, causal=True):
             "torch.empty x3": lambda: [torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3)],
         }
         for name, fn in rows.items():
-            print(f"{'gluon ' if gluon else 'triton'} {name:32s} {host_us(fn):7.1f} us", flush=True)
+            print(f"{'gluon ' if gluon else 'triton'} {name:32s} {host_us(fn, calls=100, warmup=3):7.1f} us", flush=True)
     F.GLUON_KERNELS = True
 
 

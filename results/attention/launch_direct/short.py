@@ -22,8 +22,10 @@ import kernels.flash_gluon as G  # noqa: E402
 import kernels.launch as L  # noqa: E402
 
 
-def host_us(fn, calls=50):
-    fn()
+def host_us(fn, calls=50, warmup=1):
+    """Host time per call of fn, in us: the wall time of `calls` calls without synchronising."""
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(calls):
