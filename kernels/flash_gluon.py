@@ -56,8 +56,9 @@ FWD_TILES = {64: (128, 128, 3), 128: (128, 128, 3), 256: (128, 64, 2)}
 CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
 # Shortest sequences it takes, per (head dim, causal). With every launch on kernels/launch.py's direct path
 # (results/attention/launch_direct/short_h100.txt), head dim 128: 1.29x the @triton.jit forward at 1K (either), 1.08x
-# at 512 causal and 1.25x at 512 non-causal alone, but in the autograd forward+backward at 512 non-causal 0.80x (not
-# explained), so 512 stays with the @triton.jit kernels; head dim 256: 1.43-1.51x at 512; head dim 64 (hd64_fwd_h100.txt):
+# at 512 causal and 1.25x at 512 non-causal alone, but in the autograd forward+backward at 512 non-causal 0.80x: there
+# the Gluon path's host time (897 us a call, against 681 for the @triton.jit path's) outran its kernels' ~0.76 ms, so
+# 512 stays with the @triton.jit kernels; head dim 256: 1.43-1.51x at 512; head dim 64 (hd64_fwd_h100.txt):
 # 0.98-0.99x at 1K non-causal, 0.98x at 2K causal, gains from the next length up.
 MIN_SEQLEN = {(64, False): 2048, (64, True): 4096, (128, False): 1024, (128, True): 1024, (256, False): 512,
               (256, True): 512}
