@@ -73,12 +73,13 @@ def hooked_row(d=128, n=1024):
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     fb = lambda: torch.autograd.grad(F.flash_attn_func(qg, kg, vg, causal=True), (qg, kg, vg), do)  # noqa: E731
     res = {}
+    unpatched = L._launch_hooked
     for gluon in (True, False):
         F.GLUON_KERNELS = gluon
         for hooked in (True, False):
             L._launch_hooked = (lambda: True) if hooked else (lambda: False)
             res[gluon, hooked] = (gpu_ms(fb), host_us(fb))
-    L._launch_hooked = lambda: False
+    L._launch_hooked = unpatched
     F.GLUON_KERNELS = True
     for (gluon, hooked), (ms, us) in res.items():
         print(f"d {d} n {n} causal fwd+bwd, {'gluon ' if gluon else 'triton'} {'triton path' if hooked else 'direct'}: "
