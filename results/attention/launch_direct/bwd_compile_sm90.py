@@ -13,7 +13,8 @@ CASES = [(64, 64, 128, 2, 2), (256, 64, 64, 1, 1), (256, 64, 64, 2, 1)]
 
 
 def main():
-    print("head dim, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES | registers, spill stack (bytes a thread), shared memory (bytes)")
+    print("head dim, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES | registers, spill stack (bytes a thread), "
+          "shared memory (bytes)")
     for hd, bm, bn, stages, dq_stages in CASES:
         for causal in (False, True):
             setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "

@@ -40,7 +40,8 @@ def trace(n, causal, gluon, d=128, calls=20):
         elif e.name.startswith("cuda") or e.name.startswith("cu"):
             api[e.name][0] += 1
             api[e.name][1] += e.cpu_time_total / calls
-    print(f"== n {n} {'causal' if causal else 'full'} {'gluon' if gluon else 'triton'}: wall {wall / calls * 1e3:.3f} ms "
+    kind = f"n {n} {'causal' if causal else 'full'} {'gluon' if gluon else 'triton'}"
+    print(f"== {kind}: wall {wall / calls * 1e3:.3f} ms "
           f"a call (host {host / calls * 1e3:.3f}), kernels {sum(gpu.values()) / 1e3:.3f} ms", flush=True)
     for name, us in sorted(gpu.items(), key=lambda x: -x[1]):
         print(f"   gpu {us:8.1f} us  {name}")

@@ -1,10 +1,11 @@
 """Prepared in session 26, not yet run: the shipped Gluon backward (kernels/flash_gluon.py, made for head dim 128) at
-head dim 64, against the @triton.jit backward, both launched directly with host-built descriptors. Session 25 measured
-its prototype at 0.71-0.97x ours at head dim 64 with descriptors built on the device and every launch through
-JITFunction.run; at head dim 64 the Gluon forward went from "gains only at 16K" to 1.03-1.12x from 2K once both
-changed (hd64_fwd_h100.txt). It compiles for sm_90 at head dim 64 with 168 registers and no spills (bwd_compile_sm90.txt). If it now wins at
-GPT-2's shape without dropout, dropout in it is the way to GPT-2's flash >= sdpa; the bar is cuDNN's backward with
-dropout, timed here too (SDPA's cuDNN backend, p = 0.1, forward+backward minus forward).
+head dim 64, against the @triton.jit backward, both launched directly with host-built descriptors. Session 25
+measured its prototype at 0.71-0.97x ours at head dim 64 with descriptors built on the device and every launch
+through JITFunction.run; at head dim 64 the Gluon forward went from "gains only at 16K" to 1.03-1.12x from 2K once
+both changed (hd64_fwd_h100.txt). It compiles for sm_90 at head dim 64 with 168 registers and no spills
+(bwd_compile_sm90.txt). If it now wins at GPT-2's shape without dropout, dropout in it is the way to GPT-2's flash >=
+sdpa; the bar is cuDNN's backward with dropout, timed here too (SDPA's cuDNN backend, p = 0.1, forward+backward minus
+forward).
 
     python results/attention/launch_direct/hd64_bwd.py   # GPU (sm_90)
 """

@@ -19,8 +19,9 @@ def main(n=1024, d=128, causal=True):
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     scale = d ** -0.5
-    print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-          f"; d {d} n {n} causal {causal}; host us per call, unsynchronised, 100 calls", flush=True)
+    stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}; {stamp}; d {d} n {n} causal {causal}; "
+          "host us per call, unsynchronised, 100 calls", flush=True)
     for gluon in (True, False):
         F.GLUON_KERNELS = gluon
         o, lse, seed = F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, n, n)
@@ -31,7 +32,8 @@ def main(n=1024, d=128, causal=True):
 
         rows = {
             "_flash_fwd": lambda: F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, n, n),
-            "_flash_bwd": lambda: F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False, None, None, n, n),
+            "_flash_bwd": lambda: F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False, None, None,
+                                               n, n),
             "bwd_preprocess": lambda: F.bwd_preprocess(o, do, False, None, n),
             "flash_attn_func, no_grad": nograd,
             "flash_attn_func, grad": lambda: F.flash_attn_func(qg, kg, vg, causal=causal),
@@ -41,7 +43,8 @@ def main(n=1024, d=128, causal=True):
             "torch.empty x3": lambda: [torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3)],
         }
         for name, fn in rows.items():
-            print(f"{'gluon ' if gluon else 'triton'} {name:32s} {host_us(fn, calls=100, warmup=3):7.1f} us", flush=True)
+            us = host_us(fn, calls=100, warmup=3)
+            print(f"{'gluon ' if gluon else 'triton'} {name:32s} {us:7.1f} us", flush=True)
     F.GLUON_KERNELS = True
 
 
