@@ -26,8 +26,8 @@ by block shape and layout, so a repeated call does not go through JITFunction.ru
 Scope, checked by `unsupported` / `bwd_unsupported` (kernels/flash.py runs its `@triton.jit` kernels everywhere
 else): an sm_90 GPU, fp16/bf16, no dropout, no varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view
 runs one batch's rows into the next one's, so the tiles must not cross it) and at least MIN_SEQLEN /
-BWD_MIN_SEQLEN; the forward at head dims 64, 128 and 256, with grouped-query attention, the backward at 128 without
-it.
+BWD_MIN_SEQLEN; the forward at head dims 64, 128 and 256, with grouped-query attention, the backward at 64 and 128
+without it.
 Any row stride that TMA can read is supported (q, k, v as views of a packed qkv; dq, dk, dv of a packed dqkv). The
 output and the base-2 log-sum-exp are the ones `kernels.flash._fwd_kernel` writes, so either backward takes them.
 """
@@ -53,6 +53,16 @@ from kernels.launch import launch
 # (results/attention/launch_direct/hd64_fwd_h100.txt: 1.06-1.12x causal from 4K, 1.03-1.11x non-causal from 2K; 4
 # stages were 1-3% faster non-causal and 1-4% slower causal)
 FWD_TILES = {64: (128, 128, 3), 128: (128, 128, 3), 256: (128, 64, 2)}
+# Heads per launch group (`_tile_and_head`): 8 under a causal mask up to 8K tokens, else 1. Two sweeps of groups 1-16
+# on one H100 (results/attention/head_order/): causal, head dim 128, group 8 against 1: backward 1.01-1.06x and forward
+# 0.98-1.04x at 1K-8K; at 16K-32K 0.95-1.01x; non-causal, where every program does the same work, 0.93-0.99x.
+CAUSAL_HEAD_GROUP, CAUSAL_GROUP_UP_TO = 8, 8192
+
+
+def launch_head_group(seqlen: int, causal: bool) -> int:
+    return CAUSAL_HEAD_GROUP if causal and seqlen <= CAUSAL_GROUP_UP_TO else 1
+
+
 CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
 # Shortest sequences it takes, per (head dim, causal). With every launch on kernels/launch.py's direct path
 # (results/attention/launch_direct/short_h100.txt), head dim 128: 1.29x the @triton.jit forward at 1K (either), 1.08x
@@ -209,7 +219,23 @@ def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv
 
 
 @gluon.jit
-def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, group, qk_scale, HEAD_DIM: gl.constexpr,
+def _tile_and_head(n_tiles, head_group):
+    """(tile, batch x head) of this program in a 1-D grid of n_tiles x (batch x heads) programs, launched in groups
+    of head_group heads, tile by tile within a group: 1 runs one head's tiles back to back (its K and V, or Q and
+    dO, shared in L2 by the programs in flight); more heads per group launch the tiles of equal work of several
+    heads together, so under a causal mask the longest programs do not trail in the last wave."""
+    pid = gl.program_id(0)
+    n_heads = gl.num_programs(0) // n_tiles
+    per_group = head_group * n_tiles
+    first = (pid // per_group) * head_group
+    r = pid % per_group
+    here = gl.minimum(n_heads - first, head_group)  # the last group may have fewer
+    return r // here, first + r % here
+
+
+@gluon.jit
+def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, group, qk_scale, head_group,
+                HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                 CONSUMER_REGS: gl.constexpr):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`)
@@ -217,10 +243,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, group, qk_s
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = q_desc.layout
     kv_layout: gl.constexpr = k_desc.layout
-    pid_m = gl.program_id(0)
+    n_m = seqlen // BLOCK_M
+    pid_m, bh = _tile_and_head(n_m, head_group)
     if IS_CAUSAL:  # the longest rows first, so the short ones fill the last wave
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1)
+        pid_m = n_m - 1 - pid_m
     b = bh // nheads
     h = bh % nheads
     start_m = pid_m * BLOCK_M
@@ -330,9 +356,10 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
     block_m, block_n, stages = tiles or FWD_TILES[head_dim]
     dtype = _GL_DTYPES[q.dtype]
     q_layout, kv_layout = _shared_layout(block_m // 2, head_dim, dtype), _shared_layout(block_n, head_dim, dtype)
-    launch(_fwd_kernel, (seqlen // block_m, batch * nheads),
+    launch(_fwd_kernel, (seqlen // block_m * batch * nheads,),
            (head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
-            head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, nheads // k.shape[2], qk_scale),
+            head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, nheads // k.shape[2], qk_scale,
+            launch_head_group(seqlen, causal)),
            dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal,
                 CONSUMER_REGS=CONSUMER_REGS, num_warps=4))
 
@@ -354,17 +381,19 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
 #
 # The TMA reduce makes dQ's summation order vary from run to run, so deterministic mode keeps kernels/flash.py's
 # backward. Measured on one H100 against it (results/attention/gluon_bwd/bench_h100_s25.txt, device-built descriptors):
-# 1.24-1.39x at head dim 128, 0.87-0.94x cuDNN's backward; 0.71-0.97x at head dim 64, hence 128 only.
+# 1.24-1.39x at head dim 128, 0.87-0.94x cuDNN's backward. At head dim 64, with host descriptors and direct launches
+# (results/attention/launch_direct/hd64_bwd_h100.txt): 1.05-1.10x from 2K, causal and not, 0.95-0.99x at 1K (GPT-2's
+# shape among them), hence from 2K there.
 # ---------------------------------------------------------------------------------------------------
 
-BWD_HEAD_DIM = 128
+BWD_HEAD_DIMS = (64, 128)
 BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES = 64, 128, 2, 2  # the fastest of the A/B's three configs
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
-# Shortest sequences it takes, per causal: in kernels/flash.py's backward with and without it, every launch on the
+# Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and without it, every launch on the
 # direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the @triton.jit kernels at 1K
 # (non-causal / causal), 1.27x at 2K causal, 1.13x / 1.01x at 512 (see MIN_SEQLEN for why 512 stays with them);
 # 1.27-1.39x from 4K (results/attention/gluon_bwd/ab_h100.txt).
-BWD_MIN_SEQLEN = {False: 1024, True: 1024}
+BWD_MIN_SEQLEN = {(64, False): 2048, (64, True): 2048, (128, False): 1024, (128, True): 1024}
 
 
 @_core.builtin
@@ -497,16 +526,16 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_
 
 @gluon.jit
 def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, qk_scale,
-                sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr):
+                sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
+                ds_layout: gl.constexpr):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen)
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = q_desc.layout
     kv_layout: gl.constexpr = k_desc.layout
     dqa_layout: gl.constexpr = dqa_desc.layout
-    pid_n = gl.program_id(0)
-    bh = gl.program_id(1)
+    pid_n, bh = _tile_and_head(seqlen // BLOCK_N, head_group)
     b = bh // nheads
     h = bh % nheads
     col = h * HEAD_DIM
@@ -563,11 +592,12 @@ def bwd_layouts(head_dim: int, dtype) -> dict:
 def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str | None:
     """Why this backward cannot take these inputs (beyond kernels.flash's platform, layout and determinism checks),
     or None."""
-    if q.shape[-1] != BWD_HEAD_DIM:
-        return f"head dim {q.shape[-1]}, not {BWD_HEAD_DIM} (slower than the two-kernel backward at 64)"
+    head_dim = q.shape[-1]
+    if head_dim not in BWD_HEAD_DIMS:
+        return f"head dim {head_dim}, not one of {BWD_HEAD_DIMS}"
     if q.shape[-2] != k.shape[-2]:
         return "grouped-query attention (dK, dV would sum over the group)"
-    return _scope_problem(q, k, causal, dropout_p, varlen, BWD_MIN_SEQLEN[causal])
+    return _scope_problem(q, k, causal, dropout_p, varlen, BWD_MIN_SEQLEN[head_dim, causal])
 
 
 def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool) -> None:
@@ -582,10 +612,10 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype])
     queries = lambda t: head_tiles(t, BWD_BLOCK_M, lay["q_layout"])  # noqa: E731
     keys = lambda t: head_tiles(t, BWD_BLOCK_N, lay["kv_layout"])  # noqa: E731
-    launch(_bwd_kernel, (seqlen // BWD_BLOCK_N, batch * nheads),
+    launch(_bwd_kernel, (seqlen // BWD_BLOCK_N * batch * nheads,),
            (queries(q), queries(do), keys(k), keys(v), keys(dk), keys(dv),
             head_tiles(dqa, BWD_BLOCK_M, lay["dqa_layout"]), lse, delta, seqlen, nheads, softmax_scale * LOG2E,
-            softmax_scale),
+            softmax_scale, launch_head_group(seqlen, causal)),
            dict(HEAD_DIM=head_dim, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=BWD_STAGES, DQ_STAGES=BWD_DQ_STAGES,
                 IS_CAUSAL=causal, WARPS=BWD_WARPS, ds_layout=lay["ds_layout"], num_warps=BWD_WARPS))
     torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

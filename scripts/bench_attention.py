@@ -21,6 +21,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -94,22 +95,61 @@ def time_modes(fn, q, k, v, do, modes, rep, row):
     return row
 
 
+def peak_extra_mib(fn, q, k, v, do) -> float:
+    """Peak memory of one forward+backward beyond what was allocated before it, MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
 def bench_one(name, b, h, n, d, causal, modes, memory, rep):
-    fn, layout = make_provider(name, causal, n)
-    shape = (b, n, h, d) if layout == "bnhd" else (b, h, n, d)
-    q, k, v, do = inputs(shape, torch.Generator(device="cuda").manual_seed(0))
-    row = time_modes(fn, q, k, v, do, modes, rep,
-                     {"provider": name, "hdim": d, "seqlen": n, "batch": b, "heads": h, "causal": causal})
-    if memory:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
-        torch.cuda.synchronize()
-        row["peak_extra_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-    del q, k, v, do
-    torch.cuda.empty_cache()
-    return row
+    return bench_point([name], b, h, n, d, causal, modes, memory, rep, 1)[0]
+
+
+def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds):
+    """One row per provider at one shape (or, for a provider that fails there, a row with its error). With rounds >
+    1 the providers are timed in turn, in alternating order, `rounds` times, and each mode's time is the median of
+    the rounds' do_bench medians: the machine's speed drifts by several percent over minutes, which a ratio of two
+    providers timed minutes apart would carry."""
+    rows, state = {}, {}
+    for name in names:
+        row = {"provider": name, "hdim": d, "seqlen": n, "batch": b, "heads": h, "causal": causal}
+        try:
+            fn, layout = make_provider(name, causal, n)
+            shape = (b, n, h, d) if layout == "bnhd" else (b, h, n, d)
+            state[name] = (fn, *inputs(shape, torch.Generator(device="cuda").manual_seed(0)))
+            rows[name] = row
+        except Exception as e:  # noqa: BLE001  (a peer without this shape: record and go on)
+            rows[name] = {**row, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+    times = {name: {m: [] for m in modes} for name in state}
+    for r in range(rounds):
+        for name in (list(state) if r % 2 == 0 else list(state)[::-1]):
+            if "error" in rows[name]:
+                continue
+            try:
+                t = time_modes(*state[name], modes, rep, dict(rows[name]))
+            except Exception as e:  # noqa: BLE001
+                rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                torch.cuda.empty_cache()
+                continue
+            for m in modes:
+                times[name][m].append(t[f"{m}_ms"])
+    for name in state:
+        row = rows[name]
+        if "error" not in row:
+            for m in modes:
+                row[f"{m}_ms"] = statistics.median(times[name][m])
+                row[f"{m}_tflops"] = flops(b, h, n, d, causal, m) / row[f"{m}_ms"] * 1e-9
+            if rounds > 1:
+                row["rounds_ms"] = times[name]
+        if memory and "error" not in row:
+            row["peak_extra_MiB"] = peak_extra_mib(*state[name])
+        state[name] = None
+        torch.cuda.empty_cache()
+    return [rows[name] for name in names]
 
 
 GPT2_SMALL = dict(b=16, n=1024, h=12, d=64)
@@ -193,7 +233,9 @@ def _ratio(o, p, key):
 def markdown(rows, meta):
     lines = markdown_header("Attention benchmark", meta) + [
              "batch x seqlen = 16K tokens, nheads x headdim = 2048, bf16. Cells: TFLOP/s forward / forward+backward "
-             "(4BHN^2D forward, halved causal, x3.5 fwd+bwd; median of do_bench). 'x peer' = peer time / our time "
+             "(4BHN^2D forward, halved causal, x3.5 fwd+bwd; median of do_bench" + (
+                 f", median of {meta['rounds']} interleaved rounds" if meta.get("rounds", 1) > 1 else "") +
+             "). 'x peer' = peer time / our time "
              "(> 1: we are faster), fwd, fwd+bwd. mem = peak extra MiB during fwd+bwd.", ""]
     keys = sorted({(r["hdim"], r["causal"]) for r in rows if r.get("kind") != "gpt2"})
     provs = [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]
@@ -264,7 +306,9 @@ def merge(args):
     if len(gpus) != 1:
         raise SystemExit(f"the parts ran on different GPUs ({sorted(map(str, gpus))}): ratios across them mean nothing")
     meta = {k: v for k, v in parts[0].items() if k not in ("rows", "autotune")}
-    meta["parts"] = [{k: p.get(k) for k in ("command", "date", "seconds")} for p in parts]
+    meta["parts"] = [{k: p.get(k) for k in ("command", "date", "seconds", "rounds")} for p in parts]
+    rounds = {p.get("rounds", 1) for p in parts}
+    meta["rounds"] = rounds.pop() if len(rounds) == 1 else 1  # the table's caption names rounds only if all share them
     meta["command"] = " ; ".join(p["command"] for p in parts) + " ; then " + run_metadata(device=False)["command"]
     meta["date"] = " / ".join(p["date"] for p in parts)
     meta["autotune"] = [p.get("autotune") for p in parts]
@@ -296,6 +340,9 @@ def main():
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-gpt2", action="store_true", help="skip the GPT-2-medium shape row")
     ap.add_argument("--rep", type=int, default=60, help="do_bench repetition time in ms")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the providers of each shape in turn this many times (alternating order) and keep each "
+                         "one's median round: ratios from the same minutes")
     ap.add_argument("--out", default="results/attention", help="output folder (relative: from the repo root)")
     ap.add_argument("--tag", default="bench")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
@@ -311,6 +358,7 @@ def main():
         merge(args)
         return
     meta = run_metadata()
+    meta["rounds"] = args.rounds
     if args.dropout:
         dropout_cost(args, meta)
         return
@@ -342,18 +390,15 @@ def main():
         for causal in causals:
             for n in args.seqlens:
                 b = max(1, TOKENS // n)
-                for p in args.providers:
-                    if p == "standard" and not standard_fits(b, h, n):
-                        continue
-                    if p == "flex" and args.flex_seqlens and n not in args.flex_seqlens:
-                        continue
-                    try:
-                        r = bench_one(p, b, h, n, d, causal, args.modes, not args.no_memory, args.rep)
-                    except Exception as e:  # noqa: BLE001  (a peer without this shape: record and go on)
-                        r = {"provider": p, "hdim": d, "seqlen": n, "batch": b, "heads": h, "causal": causal,
-                             "error": f"{type(e).__name__}: {str(e)[:200]}"}
-                        torch.cuda.empty_cache()
-                    record(r)
+                names = [p for p in args.providers if not (p == "standard" and not standard_fits(b, h, n))
+                         and not (p == "flex" and args.flex_seqlens and n not in args.flex_seqlens)]
+                # the standard baseline (up to ~15x slower, ~33 GB at 8K) stays out of the interleaved rounds
+                solo = [p for p in names if p == "standard"]
+                for group in ([p for p in names if p not in solo], solo):
+                    if group:
+                        for r in bench_point(group, b, h, n, d, causal, args.modes, not args.no_memory, args.rep,
+                                             args.rounds if len(group) > 1 else 1):
+                            record(r)
     if not args.no_gpt2:
         for p in ["ours", "standard", "sdpa_flash"]:
             if p in args.providers:

@@ -62,3 +62,36 @@ def test_a_run_whose_every_row_failed_writes_nothing():
                            {"row": "b", "error": "timed out after 5 s"}])
     require_some_rows([{"row": "a", "error": "CUDA out of memory", "oom": True}, {"row": "b", "error": "x"}])
     require_some_rows([{"row": "a", "error": "x"}, {"row": "b", "step_ms": 1.0}])
+
+
+def test_attention_bench_interleaves_rounds_and_keeps_errors(monkeypatch):
+    """bench_point times the providers of a shape in turn, in alternating order, and keeps each one's median round;
+    a provider that fails (here: at setup) becomes an error row, and the others still run."""
+    import torch
+
+    import bench_attention as ba
+
+    order, clock = [], {"ours": iter([1.0, 5.0, 2.0]), "flex": iter([3.0, 3.0, 9.0])}
+
+    def provider(name, causal, n):
+        if name == "sdpa_cudnn":
+            raise RuntimeError("no kernel for this shape")
+        return (lambda q, k, v: q), "bnhd"
+
+    def time_modes(fn, q, k, v, do, modes, rep, row):
+        order.append(row["provider"])
+        t = next(clock[row["provider"]])
+        return {**row, "fwd_ms": t, "fwd_tflops": 0.0}
+
+    monkeypatch.setattr(ba, "make_provider", provider)
+    monkeypatch.setattr(ba, "inputs", lambda shape, gen: tuple(torch.zeros(shape) for _ in range(4)))
+    monkeypatch.setattr(ba, "time_modes", time_modes)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch, "Generator", lambda device=None: type("G", (), {"manual_seed": lambda s, x: s})())
+    rows = ba.bench_point(["ours", "sdpa_cudnn", "flex"], 1, 2, 4, 8, True, ["fwd"], False, 10, 3)
+    assert order == ["ours", "flex", "flex", "ours", "ours", "flex"]
+    ours, cudnn, flex = rows
+    assert ours["fwd_ms"] == 2.0 and flex["fwd_ms"] == 3.0  # medians of the three rounds
+    assert ours["rounds_ms"] == {"fwd": [1.0, 5.0, 2.0]}
+    assert "no kernel" in cudnn["error"] and "fwd_ms" not in cudnn
+    assert ours["fwd_tflops"] == ba.flops(1, 2, 4, 8, True, "fwd") / 2.0 * 1e-9

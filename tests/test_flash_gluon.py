@@ -40,7 +40,7 @@ def any_length(monkeypatch):
     from kernels import flash_gluon
 
     monkeypatch.setattr(flash_gluon, "MIN_SEQLEN", dict.fromkeys(flash_gluon.MIN_SEQLEN, 0))
-    monkeypatch.setattr(flash_gluon, "BWD_MIN_SEQLEN", {False: 0, True: 0})
+    monkeypatch.setattr(flash_gluon, "BWD_MIN_SEQLEN", dict.fromkeys(flash_gluon.BWD_MIN_SEQLEN, 0))
 
 
 def test_gluon_scope(as_if_sm90, monkeypatch):
@@ -168,10 +168,13 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     packed = torch.randn(1, 2048, 3, 4, 128, dtype=torch.bfloat16)
     assert _bwd_why(*packed.unbind(2), grads=torch.empty_like(packed).unbind(2)) is None  # packed qkv and dqkv
     assert _bwd_why(*_qkv(2, 1024, 1024, 4, 4, 128), causal=True) is None
+    q64, k64, v64 = _qkv(1, 2048, 2048, 4, 4, 64)
+    assert _bwd_why(q64, k64, v64) is None and _bwd_why(q64, k64, v64, causal=True) is None
     assert "below 1024" in _bwd_why(q[:, :512], k[:, :512], v[:, :512])
     assert "below 1024 causal" in _bwd_why(q[:, :512], k[:, :512], v[:, :512], causal=True)
     cases = {
-        "head dim 64": _qkv(1, 1024, 1024, 4, 4, 64),
+        "head dim 256, not one of (64, 128)": _qkv(1, 1024, 1024, 4, 4, 256),
+        "below 2048": _qkv(1, 1024, 1024, 4, 4, 64),  # head dim 64 gains from 2K
         "grouped-query": _qkv(1, 1024, 1024, 4, 2, 128),
         "not a multiple of 128": _qkv(1, 1000, 1000, 4, 4, 128),
         "seqlen_q != seqlen_k": _qkv(1, 1024, 2048, 4, 4, 128),
@@ -282,6 +285,45 @@ def test_gpu_gluon_matches_reference(case, dtype, any_length, monkeypatch):
 def test_gpu_gluon_head_dims_64_256_match_reference(head_dim, causal, any_length, monkeypatch):
     """The forward at head dims 64 and 256 (64-key tiles there), with the @triton.jit backward from its O and LSE."""
     _check_automatic(_qkv(2, 512, 512, 4, 2, head_dim, torch.bfloat16, "cuda"), causal, monkeypatch)
+
+
+@pytest.mark.gpu
+@gluon_gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_backward_head_dim_64_matches_reference(causal, any_length, monkeypatch):
+    """Both Gluon kernels at head dim 64 (the backward from 2K there, every length here)."""
+    q, k, v = _qkv(2, 512, 512, 4, 4, 64, torch.bfloat16, "cuda")
+    lse = torch.empty(2, 4, 512, device="cuda")
+    assert F._gluon_bwd_unsupported(q, k, v, q, lse, lse, (q, k, v), causal, 0.0, False) is None
+    _check_automatic((q, k, v), causal, monkeypatch)
+
+
+@pytest.mark.gpu
+@gluon_gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_head_groups_change_the_order_not_the_results(causal, any_length, monkeypatch):
+    """`_tile_and_head` with groups of 1, 3 (10 heads: a short last group), all 10 and more than there are: each
+    program computes the same tile whatever order the programs run in, so the results are bit-identical (dQ up to
+    its varying summation order)."""
+    from kernels import flash_gluon
+
+    b, n, h = 2, 512, 5
+    q, k, v = _qkv(b, n, n, h, h, 128, torch.bfloat16, "cuda")
+    do = torch.randn_like(q)
+    scale = 128 ** -0.5
+
+    def run(group):
+        monkeypatch.setattr(flash_gluon, "launch_head_group", lambda seqlen, causal: group)
+        o, lse, seed = F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, n, n)
+        return (o, lse, *F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False, None, None, n, n))
+
+    first = run(1)
+    assert not torch.isnan(first[0]).any()
+    for group in (3, 10, 16):
+        again = run(group)
+        for a, b_ in zip(again[:2] + again[3:], first[:2] + first[3:]):
+            assert torch.equal(a, b_), group
+        _close(again[2], first[2], DQ_RERUN)
 
 
 @pytest.mark.gpu

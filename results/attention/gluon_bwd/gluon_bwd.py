@@ -629,7 +629,7 @@ def ab():
     import kernels.flash as F
     import kernels.flash_gluon as G
 
-    G.BWD_MIN_SEQLEN = {False: 0, True: 0}
+    G.BWD_MIN_SEQLEN = dict.fromkeys(G.BWD_MIN_SEQLEN, 0)
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     for causal in (False, True):
         for seqlen in (512, 1024, 2048, 4096, 8192, 16384):

@@ -19,7 +19,7 @@ import kernels.flash_gluon as G  # noqa: E402
 
 def main(calls=200):
     G.MIN_SEQLEN = dict.fromkeys(G.MIN_SEQLEN, 0)
-    G.BWD_MIN_SEQLEN = {False: 0, True: 0}
+    G.BWD_MIN_SEQLEN = dict.fromkeys(G.BWD_MIN_SEQLEN, 0)
     b, n, h, d = 16, 1024, 16, 128
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     scale = d ** -0.5

@@ -65,8 +65,7 @@ def main():
     print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; head dim 64, bf16, no dropout in ours; backward GPU "
           "time (do_bench median); xN: triton / gluon; cuDNN: its forward+backward minus its forward", flush=True)
-    G.BWD_HEAD_DIM = 64
-    G.BWD_MIN_SEQLEN = {False: 0, True: 0}
+    G.BWD_MIN_SEQLEN = dict.fromkeys(G.BWD_MIN_SEQLEN, 0)
     row("GPT-2 (16x1K, 12 heads)", 16, 1024, 12, 64, True)
     for causal in (False, True):
         for n in (1024, 2048, 4096, 16384):

@@ -91,7 +91,7 @@ def main():
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     print("# ms: GPU time (do_bench median); (us): host enqueue per call; xN: triton / gluon time", flush=True)
     G.MIN_SEQLEN = dict.fromkeys(G.MIN_SEQLEN, 0)
-    G.BWD_MIN_SEQLEN = {False: 0, True: 0}
+    G.BWD_MIN_SEQLEN = dict.fromkeys(G.BWD_MIN_SEQLEN, 0)
     hooked_row()
     for d, n, causal in [(128, 512, False), (128, 512, True), (128, 1024, False), (128, 1024, True),
                          (128, 2048, True), (256, 512, False), (256, 512, True)]:
