@@ -15,6 +15,10 @@ warpgroups side by side along the columns.
 
 ~224 registers of tiles against the 240 the compute warps get (AllocateWarpGroups: 12 warps, 168 at launch).
 
+Prediction (written before any GPU run): correct on the first run is not assumed (never run); once correct, 1.15-1.40x
+the @triton.jit backward from 2K (the Gluon backward gave 1.24-1.39x at head dim 128) and at least FlashAttention-2's
+backward at 16K, which would lift head dim 256's forward+backward from 0.99x FA2 there.
+
 The loader and the dQ writer are the shipped ones. Compiled for sm_90 on the CPU machine (compile_sm90.txt): no
 spills, 214 KB of shared memory, 168 registers at launch. Not yet run on a GPU.
 
