@@ -49,6 +49,12 @@ def _split_layout(n):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, n // 2, 16])
 
 
+@gluon.constexpr_function
+def _rows_only_layout(n):
+    """The shipped backward's layout (one warp per 16 rows over 8 warps), for compile_report's control row."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
 def _tile256(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse, delta, i, start_n, keys, qcols, st_init, dq_init,
              dv, dk, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
@@ -226,9 +232,10 @@ def compile_report():
     from tests.test_kernel_resources import compile_sm90
     print("BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, causal | registers at launch, spill stack (bytes a thread), shared "
           "memory (bytes), HGMMA count")
-    for bm, bn, stages, dq_stages in [(64, 64, 1, 1)]:
+    for bm, bn, stages, dq_stages, control in [(64, 64, 1, 1, False), (64, 64, 1, 1, True)]:
         for causal in (False, True):
             setup = ("import sys; sys.path.insert(0, 'results/attention/gluon_bwd256'); import bwd256 as P; "
+                     + ("P._split_layout = P._rows_only_layout; " if control else "") +
                      "import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
                      f"lay = lambda r, c, t=gl.bfloat16: G._shared_layout(r, c, t); "
                      f"desc = lambda r, t='bf16', dt=gl.bfloat16: R.tensordesc(t, [r, 256], lay(r, 256, dt))")
@@ -238,8 +245,9 @@ def compile_report():
                      f"**{{n: desc({bn}) for n in ('k_desc', 'v_desc', 'dk_desc', 'dv_desc')}}, "
                      f"dqa_desc=desc({bm}, 'fp32', gl.float32))")
             r = compile_sm90("P._bwd256_kernel", consts, 8, stages, setup, types)
-            print(f"{bm}, {bn}, {stages}, {dq_stages}, {'causal' if causal else 'non-causal'} | {r['regs']}, "
-                  f"{r['stack']}, {r['smem']}, {r['ops'].get('HGMMA', 0)}", flush=True)
+            print(f"{bm}, {bn}, {stages}, {dq_stages}, {'causal' if causal else 'non-causal'}"
+                  f"{', control: [8, 1] layouts' if control else ''} | {r['regs']}, {r['stack']}, {r['smem']}, "
+                  f"{r['ops'].get('HGMMA', 0)}", flush=True)
 
 
 if __name__ == "__main__":
