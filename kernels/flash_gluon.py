@@ -389,8 +389,9 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
 BWD_HEAD_DIMS = (64, 128)
 BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES = 64, 128, 2, 2  # the fastest of the A/B's three configs
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
-# Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and without it, every launch on the
-# direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the @triton.jit kernels at 1K
+# Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
+# without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
+# @triton.jit kernels at 1K
 # (non-causal / causal), 1.27x at 2K causal, 1.13x / 1.01x at 512 (see MIN_SEQLEN for why 512 stays with them);
 # 1.27-1.39x from 4K (results/attention/gluon_bwd/ab_h100.txt).
 BWD_MIN_SEQLEN = {(64, False): 2048, (64, True): 2048, (128, False): 1024, (128, True): 1024}
