@@ -105,10 +105,6 @@ def peak_extra_mib(fn, q, k, v, do) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def bench_one(name, b, h, n, d, causal, modes, memory, rep):
-    return bench_point([name], b, h, n, d, causal, modes, memory, rep, 1)[0]
-
-
 def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds):
     """One row per provider at one shape (or, for a provider that fails there, a row with its error). With rounds >
     1 the providers are timed in turn, in alternating order, `rounds` times, and each mode's time is the median of
@@ -402,7 +398,7 @@ def main():
     if not args.no_gpt2:
         for p in ["ours", "standard", "sdpa_flash"]:
             if p in args.providers:
-                r = bench_one(p, 64, 16, 1024, 64, True, ["fwd", "fwdbwd"], False, args.rep)
+                r = bench_point([p], 64, 16, 1024, 64, True, ["fwd", "fwdbwd"], False, args.rep, 1)[0]
                 r["kind"] = "gpt2"
                 record(r)
     save()

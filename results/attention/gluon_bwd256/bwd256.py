@@ -237,8 +237,8 @@ def compile_report():
             setup = ("import sys; sys.path.insert(0, 'results/attention/gluon_bwd256'); import bwd256 as P; "
                      + ("P._split_layout = P._rows_only_layout; " if control else "") +
                      "import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
-                     f"lay = lambda r, c, t=gl.bfloat16: G._shared_layout(r, c, t); "
-                     f"desc = lambda r, t='bf16', dt=gl.bfloat16: R.tensordesc(t, [r, 256], lay(r, 256, dt))")
+                     "lay = lambda r, c, t=gl.bfloat16: G._shared_layout(r, c, t); "
+                     "desc = lambda r, t='bf16', dt=gl.bfloat16: R.tensordesc(t, [r, 256], lay(r, 256, dt))")
             consts = (f"dict(HEAD_DIM=256, BLOCK_M={bm}, BLOCK_N={bn}, STAGES={stages}, DQ_STAGES={dq_stages}, "
                       f"IS_CAUSAL={causal}, ds_layout=lay({bn}, {bm}))")
             types = (f"dict(q_desc=desc({bm}), do_desc=desc({bm}), "

@@ -62,7 +62,6 @@ def shape_row(d, n, causal, groups):
             times[g][0].append(ms(fwd))
             times[g][1].append(ms(bwd))
     cud_f, cud_b = cudnn_ms(q, k, v, do, causal)
-    flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
     base = [min(x) for x in times[groups[0]]]
     cells = []
     for g in groups:
