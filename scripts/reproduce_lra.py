@@ -151,6 +151,26 @@ def model_drift(task: str, run_model) -> list[str]:
     return [f"{k}: {run.get(k, 'unset')} (now {v})" for k, v in literal.items() if run.get(k) != v]
 
 
+# Until this fix (train.data.ResumableSampler's length) a call resumed at step s of N, with s < N - s, ended its
+# data epoch at step N - s and read the samples from step s on again after it.
+RESUME_FIX_UTC = "2026-11-26T23:00:00+00:00"
+
+
+def reread_spans(calls: list[dict] | None, max_steps) -> list[str]:
+    """'steps a-b re-read the samples from step s': the training steps of a run made before RESUME_FIX_UTC
+    that saw data an unsplit run would not have (read from its calls.csv)."""
+    out = []
+    for c in calls or []:
+        start, end = int(c["start_step"] or 0), int(c["end_step"] or c["start_step"] or 0)
+        if not isinstance(max_steps, int) or not start or c["started_utc"] >= RESUME_FIX_UTC:
+            continue
+        epoch_end = max_steps - start
+        if start < epoch_end < end:
+            out.append(f"steps {epoch_end}-{end} re-read the samples from step {start} (resume bug, fixed "
+                       f"{RESUME_FIX_UTC[:10]})")
+    return out
+
+
 def accuracy_dir(runs: Path, task: str, kind: str, seed: int, max_steps: int | None) -> Path:
     return runs / task / kind / (f"seed{seed}" + (f"-steps{max_steps}" if max_steps else ""))
 
@@ -346,7 +366,8 @@ def read_run(run_dir: Path) -> dict | None:
             "val_curve": sorted(curve.items()), "train_loss_curve": sorted(loss.items()),
             "devices": run_devices(call_log),
             "speed": steady_speed(rows), "finished": finished(run_dir, rows, call_log),
-            "model": model, "model_drift": model_drift(task, model)}
+            "model": model, "model_drift": model_drift(task, model),
+            "data_drift": reread_spans(call_log, OmegaConf.select(cfg, "trainer.max_steps"))}
 
 
 def read_calls(run_dir: Path) -> list[dict] | None:
@@ -440,13 +461,15 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
             for s, r in seeds.items():
                 out["curves"].append({"task": task, "kind": kind, "seed": s, "max_steps": r["max_steps"],
                                       "finished": s in done, "val_acc": r.get("val_curve", []),
-                                      "train_loss": r.get("train_loss_curve", [])})
+                                      "train_loss": r.get("train_loss_curve", []),
+                                      "data_drift": r.get("data_drift", [])})
                 if s not in done:
                     out["unfinished"].append({"task": task, "kind": kind, "seed": s, "dir": rel(r["dir"]),
                                               "steps_done": r["steps_done"], "max_steps": r["max_steps"],
                                               "val_acc": r["val_acc"], "command": own_command(r["dir"], True),
                                               "devices": r.get("devices", []),
-                                              "model_drift": r.get("model_drift", [])})
+                                              "model_drift": r.get("model_drift", []),
+                                              "data_drift": r.get("data_drift", [])})
                 if r["source"] is not None:
                     out["data"][task] = {"source": r["source"], "note": stand_in(task, r["source"])}
             if done:
@@ -457,7 +480,8 @@ def summarize(found: dict, tasks=TASKS, kinds=KINDS) -> dict:
                     "recipe_steps": recipe(task)["max_steps"], "dirs": [rel(r["dir"]) for r in done.values()],
                     "commands": {int(s): own_command(r["dir"]) for s, r in sorted(done.items())},
                     "devices": sorted({d for r in done.values() for d in r.get("devices", ())}),
-                    "model_drift": sorted({d for r in done.values() for d in r.get("model_drift", ())})}
+                    "model_drift": sorted({d for r in done.values() for d in r.get("model_drift", ())}),
+                    "data_drift": [f"seed {s}: {d}" for s, r in sorted(done.items()) for d in r.get("data_drift", ())]}
             sp = found["speed"].get((task, kind))
             if (task, kind) in (found.get("speed_status") or {}):  # failed, cut off (partly measured), no time
                 out["speed_status"].setdefault(task, {})[kind] = found["speed_status"][(task, kind)]
@@ -513,12 +537,14 @@ def parity(summary: dict) -> list[dict]:
     made: a cut-off run compares on its prefix)."""
     curves = {(c["task"], c["kind"], c["seed"]): c["val_acc"] for c in summary.get("curves", []) if c["val_acc"]}
     losses = {(c["task"], c["kind"], c["seed"]): c.get("train_loss") or [] for c in summary.get("curves", [])}
+    reread = {(c["task"], c["kind"], c["seed"]) for c in summary.get("curves", []) if c.get("data_drift")}
     rows = []
 
     def pair(a, b, **labels):
         cmp = _compare(curves[a], curves[b])
         if cmp:
-            rows.append(dict(cmp, late_loss=_late_mean(losses.get(a, []), losses.get(b, [])), **labels))
+            rows.append(dict(cmp, late_loss=_late_mean(losses.get(a, []), losses.get(b, [])),
+                             reread=bool({a, b} & reread), **labels))
 
     for (task, kind, seed) in sorted(curves):
         if kind != "standard" and (task, "standard", seed) in curves:
@@ -654,7 +680,7 @@ def markdown(summary: dict, meta: dict) -> str:
 
     lines += ["", "Runs (accuracy): steps run / the recipe's, seeds, the command of each seed's run, where it ran "
               "(its calls.csv):", "",
-              "| task | attention | steps | seeds: test acc (%) | command | device | model differs from today's |",
+              "| task | attention | steps | seeds: test acc (%) | command | device | differs from today's code |",
               "|---|---|---|---|---|---|---|"]
     for t in tasks:
         for kind in kinds:
@@ -663,15 +689,15 @@ def markdown(summary: dict, meta: dict) -> str:
                 cmds = "; ".join(f"`{c}`" for c in (a.get("commands") or {}).values() if c)
                 lines.append(f"| {TASK_TITLES[t]} | {kind} | {'/'.join(map(str, a['max_steps']))} of "
                              f"{a['recipe_steps']} | " + ", ".join(f"{s}: {v:.1f}" for s, v in a["seeds"].items())
-                             + f" | {cmds} | {'; '.join(a.get('devices') or [])} | {'; '.join(a.get('model_drift') or [])} |")
+                             + f" | {cmds} | {'; '.join(a.get('devices') or [])} | {'; '.join((a.get('model_drift') or []) + (a.get('data_drift') or []))} |")
     cut = summary.get("unfinished") or []
     if cut:
         lines += ["", "Runs cut off (resumable; the commands are under Missing), the last validation accuracy:", "",
-                  "| task | attention | seed | steps done | val acc (%) | device | model differs from today's |",
+                  "| task | attention | seed | steps done | val acc (%) | device | differs from today's code |",
                   "|---|---|---|---|---:|---|---|"]
         lines += [f"| {TASK_TITLES[u['task']]} | {u['kind']} | {u['seed']} | {u['steps_done']} of {u['max_steps']} "
                   f"| {_f(u.get('val_acc') and 100 * u['val_acc'])} | {'; '.join(u.get('devices') or [])} "
-                  f"| {'; '.join(u.get('model_drift') or [])} |"
+                  f"| {'; '.join((u.get('model_drift') or []) + (u.get('data_drift') or []))} |"
                   for u in cut]
     if summary.get("curves"):
         lines += ["", "Validation accuracy of every run against its step: table3_curves.png."]
@@ -687,9 +713,13 @@ def markdown(summary: dict, meta: dict) -> str:
                   "| task | runs | seeds | evaluations | up to step | largest gap (points) | gap at the last | "
                   "later half, signed (points) | training loss, later half, signed |",
                   "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {TASK_TITLES[p['task']]} | {p['pair']} | {p['seeds']} | {p['evals']} | {p['up_to']} | "
+        lines += [f"| {TASK_TITLES[p['task']]} | {p['pair']}{' *' if p.get('reread') else ''} | {p['seeds']} | "
+                  f"{p['evals']} | {p['up_to']} | "
                   f"{p['max_gap']:.1f} | {p['last_gap']:.1f} | {_f(p.get('late_mean'), '{:+.1f}')} | "
                   f"{_f(p.get('late_loss'), '{:+.3f}')} |" for p in summary["parity"]]
+        if any(p.get("reread") for p in summary["parity"]):
+            lines += ["", "\\* one of the two runs re-read samples after a resume (the runs table says which steps): "
+                      "from there on the two did not see the same data."]
     lines += ["", "Data:", ""]
     for t in tasks:
         d = summary["data"].get(t)

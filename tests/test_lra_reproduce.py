@@ -531,6 +531,20 @@ def test_runs_made_before_a_model_change_are_marked(tmp_path):
     assert "| embedding_std: unset (now 1.0) |" in (tmp_path / "out" / "table3.md").read_text()
 
 
+def test_runs_resumed_before_the_sampler_fix_are_marked_where_they_re_read_samples():
+    call = lambda n, start, end, when: {"call": str(n), "start_step": str(start), "end_step": str(end),  # noqa: E731
+                                        "started_utc": when, "status": "x"}
+    before, after = "2026-11-25T08:00:00+00:00", "2026-11-27T08:00:00+00:00"
+    # resumed at 7280 of 20000: the old loader's epoch ended at 12720 and the call went on to 17359
+    calls = [call(1, 0, 1870, before), call(2, 1870, 7280, before), call(3, 7280, 17359, before),
+             call(4, 17359, 20000, before)]
+    assert R.reread_spans(calls, 20000) == ["steps 12720-17359 re-read the samples from step 7280 (resume bug, fixed "
+                                            "2026-11-26)"]
+    assert R.reread_spans([call(1, 0, 3501, before), call(2, 3501, 5000, before)], 5000) == []  # past half-way
+    assert R.reread_spans([call(1, 0, 7280, after), call(2, 7280, 17359, after)], 20000) == []  # fixed since
+    assert R.reread_spans(None, 20000) == []
+
+
 def test_parity_compares_kinds_on_shared_evaluations_and_seeds_for_noise():
     curve = lambda *accs: [(100 * (i + 1), a) for i, a in enumerate(accs)]  # noqa: E731
     summary = {"curves": [

@@ -205,6 +205,7 @@ class CallLog(L.Callback):
         self.resumed_from = resumed_from
         self.stopped_by: str | None = None
         self._built = time.perf_counter()
+        self._between_steps = False  # set at an optimizer step's end, cleared when the next batch starts
 
     # ---- the rows ---------------------------------------------------------------------------------
     def read(self) -> list[dict]:
@@ -254,11 +255,15 @@ class CallLog(L.Callback):
                      "software": _software()}
         self._write(rows + [self._row])
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._between_steps = False
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         if step == self._last_step:  # inside a gradient accumulation: not a step boundary
             return
         self._last_step = step
+        self._between_steps = True  # until the next batch starts: an optimizer step's consistent state
         reason = None
         if self.max_steps is not None and step - self._start >= self.max_steps:
             reason = "max_steps"
@@ -294,9 +299,17 @@ class CallLog(L.Callback):
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         if isinstance(exception, SIGTERMException):
-            # stopped at an optimizer step (last.ckpt written there), or inside a gradient accumulation or an
-            # evaluation, where no consistent state exists to save: ckpt_path=last then resumes from the last
-            # checkpoint written before
+            # Stopped at an optimizer step (last.ckpt written there by on_train_batch_end), or the signal came
+            # after that hook had looked but before Lightning's own check at the end of the batch (logging,
+            # a scheduler step): still between two steps, so the checkpoint is written here. Inside a gradient
+            # accumulation or an evaluation no consistent state exists to save: ckpt_path=last then resumes from
+            # the last checkpoint written before. With several ranks a save here could wait on a rank that
+            # stopped elsewhere, so only one rank saves late.
+            late = (self.stopped_by != "SIGTERM" and self._between_steps
+                    and trainer.world_size == 1 and not trainer.validating and not trainer.sanity_checking)
+            if late:
+                self._save_last(trainer)
+                self.stopped_by = "SIGTERM"
             status = ("stopped: SIGTERM" if self.stopped_by == "SIGTERM"
                       else "stopped: SIGTERM (no checkpoint: inside a gradient accumulation or an evaluation)")
         else:  # SIGINT: Lightning's graceful shutdown

@@ -214,7 +214,13 @@ class EvalWindows(torch.utils.data.Dataset):
 
 
 class ResumableSampler(torch.utils.data.Sampler):
-    """Yields global sample indices start, start+1, ... (strided over ranks); `start` comes from the checkpoint."""
+    """Yields global sample indices start, start+1, ... (strided over ranks); `start` comes from the checkpoint.
+
+    A run is one epoch of `total` samples. Its length is the whole epoch's, not what is left after `start`:
+    a resumed Lightning loop restores its batch counter within the epoch (the batches already done) and ends
+    the epoch when that counter reaches the loader's length. A length of only what is left ended the epoch
+    early whenever fewer batches were done than left (any resume before half-way), and the next epoch read
+    the same samples again from `start`."""
 
     def __init__(self, total: int, start: int = 0, rank: int = 0, world_size: int = 1):
         self.total, self.start, self.rank, self.world = total, start, rank, world_size
@@ -223,7 +229,7 @@ class ResumableSampler(torch.utils.data.Sampler):
         return iter(range(self.start + self.rank, self.total, self.world))
 
     def __len__(self):
-        return max(0, (self.total - self.start - self.rank + self.world - 1) // self.world)
+        return len(range(self.rank, self.total, self.world))
 
 
 class ShardSampler(torch.utils.data.Sampler):
