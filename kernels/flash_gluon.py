@@ -387,7 +387,12 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
 # ---------------------------------------------------------------------------------------------------
 
 BWD_HEAD_DIMS = (64, 128)
-BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES, BWD_DQ_STAGES = 64, 128, 2, 2  # the fastest of the A/B's three configs
+# (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) per head dim: at 64 and 128 the fastest of the A/B's three configs; at 256
+# FlashAttention-3's (Shah et al., 2024): 64-key tiles, one stage, the only ones whose K, V, Q, dO, P^T, dS^T and dQ
+# tiles fit shared memory (214 KB). 256 is not in BWD_HEAD_DIMS until its GPU check
+# (`results/attention/gluon_bwd256/bwd256.py check`) has measured it; compiled for sm_90 it has no spills
+# (results/attention/gluon_bwd256/compile_sm90.txt).
+BWD_TILES = {64: (64, 128, 2, 2), 128: (64, 128, 2, 2), 256: (64, 64, 1, 1)}
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
@@ -404,6 +409,17 @@ def tma_reduce_add_shared(desc, coord, src, _semantic=None):
     (`create_async_tma_reduce`) but no Python wrapper."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord, src.handle)
+
+
+@gluon.constexpr_function
+def _tile_layout(warps, rows, n):
+    """A (rows x n) wgmma accumulator over `warps` warps: one warp per 16 rows where the rows give each warp its own
+    (rows >= 16 * warps), else rows // 16 warps down the rows and the warpgroups side by side along n. A 64-row tile
+    laid out one warp per 16 rows over 8 warps is held twice, which at head dim 256 spilled 1.5 KB a thread
+    (results/attention/gluon_bwd256/compile_sm90.txt)."""
+    down = min(warps, rows // 16)
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[down, warps // down],
+                                     instr_shape=[16, n // (warps // down), 16])
 
 
 @gluon.constexpr_function
@@ -456,11 +472,14 @@ def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, B
 
 
 @gluon.jit
-def _bwd_tile(k_smem, v_smem, q_s, do_s, ds_smem, lse, delta, i, start_n, keys, qcols, st_init, dq_init, dv, dk,
-              qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              IS_CAUSAL: gl.constexpr):
+def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse, delta, i, start_n, keys, qcols, st_init, dq_init, dv,
+              dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
     """One query tile i against this program's keys: the five wgmma and the softmax between them. lse, delta:
-    (1, BLOCK_M) in the scores' layout. Returns dV and dK accumulated and this tile's dQ, all waited for."""
+    (1, BLOCK_M) in the scores' layout. Returns dV and dK accumulated and this tile's dQ, all waited for. SPLIT (the
+    tiles split across the warpgroups along their columns, `_tile_layout`): each warpgroup holds half of P^T's and
+    dS^T's columns, and every row of dV and dK needs all of them, so both go through shared memory as the wgmma's
+    A operand; otherwise each warp's rows of P^T and dS^T are its own rows of dV and dK, so they stay in registers."""
     dtype: gl.constexpr = q_s.dtype
     st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
@@ -470,28 +489,34 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, ds_smem, lse, delta, i, start_n, keys, 
         if i * BLOCK_M < start_n + BLOCK_N:
             queries = i * BLOCK_M + qcols
             pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-    dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
-    dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
-    dst = (pt * (dpt - delta)).to(dtype)
-    dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
-    ds_smem.store(dst)
-    fence_async_shared()
+    if SPLIT:
+        pt_smem.store(pt.to(dtype))
+        dpt = warpgroup_mma_wait(0, (dpt_tok,))
+        ds_smem.store((pt * (dpt - delta)).to(dtype))
+        fence_async_shared()  # both warpgroups' halves, before the wgmma that read all of them
+        dv_tok = warpgroup_mma(pt_smem, do_s, dv, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem, q_s, dk, is_async=True)
+    else:
+        dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
+        dst = (pt * (dpt - delta)).to(dtype)
+        dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+        ds_smem.store(dst)
+        fence_async_shared()
     dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
     dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
     return dv, dk, dq
 
 
 @gluon.jit
-def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar,
-                 ready, empty, dq_full, dq_empty, row0, col, start_n, lo, n_end, qk_scale, sm_scale,
+def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem, delta_smem,
+                 kv_bar, ready, empty, dq_full, dq_empty, row0, col, start_n, lo, n_end, qk_scale, sm_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr):
-    st_layout: gl.constexpr = _acc_layout(WARPS, BLOCK_M)
-    kv_acc_layout: gl.constexpr = _acc_layout(WARPS, HEAD_DIM)
+                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr):
+    st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
+    kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
-    # dQ (BLOCK_M x HEAD_DIM): the two warpgroups side by side along the head dim
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
-                                                        instr_shape=[16, HEAD_DIM // (WARPS // 4), 16])
+    dq_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_M, HEAD_DIM)
     keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
@@ -506,9 +531,9 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         lse = lse_smem.index(slot).load(st_layout)  # (1, BLOCK_M), read straight into the scores' layout
         delta = delta_smem.index(slot).load(st_layout)
-        dv, dk, dq = _bwd_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, lse, delta, i,
-                               start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N,
-                               IS_CAUSAL)
+        dv, dk, dq = _bwd_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem, lse, delta,
+                               i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M,
+                               BLOCK_N, IS_CAUSAL, SPLIT)
         mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill the slot
         s = t % DQ_STAGES
         mbarrier.wait(dq_empty.index(s), ((t // DQ_STAGES) & 1) ^ 1)
@@ -548,6 +573,11 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    SPLIT: gl.constexpr = BLOCK_N < 16 * WARPS  # see _tile_layout and _bwd_tile
+    if SPLIT:
+        pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    else:  # not read: P^T stays in registers
+        pt_smem = ds_smem
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_layout)
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)  # (1, BLOCK_M) per slot
@@ -571,9 +601,9 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
     stat_base = bh.to(gl.int64) * seqlen
     # the argument tuples are written out in the call (a named tuple turns constexprs into tensors)
     gl.warp_specialize([
-        (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
-                        kv_bar, ready, empty, dq_full, dq_empty, row0, col, start_n, lo, n_end, qk_scale, sm_scale,
-                        HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL, WARPS)),
+        (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
+                        delta_smem, kv_bar, ready, empty, dq_full, dq_empty, row0, col, start_n, lo, n_end, qk_scale,
+                        sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL, WARPS, SPLIT)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE,
                        DELTA, lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M, STAGES)),
         (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M, DQ_STAGES))],
@@ -582,12 +612,14 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
 
 @functools.lru_cache(maxsize=None)
 def bwd_layouts(head_dim: int, dtype) -> dict:
-    """The shared layouts of `_bwd_kernel`'s tiles: its descriptors' (Q / dO, K / V / dK / dV, the float32 dQ
-    buffer) and dS^T's, which it takes as a constexpr (its compute partition builds the register layouts itself)."""
-    return dict(q_layout=_shared_layout(BWD_BLOCK_M, head_dim, dtype),
-                kv_layout=_shared_layout(BWD_BLOCK_N, head_dim, dtype),
-                ds_layout=_shared_layout(BWD_BLOCK_N, BWD_BLOCK_M, dtype),
-                dqa_layout=_shared_layout(BWD_BLOCK_M, head_dim, gl.float32))
+    """The shared layouts of `_bwd_kernel`'s tiles at this head dim (BWD_TILES): its descriptors' (Q / dO,
+    K / V / dK / dV, the float32 dQ buffer) and dS^T's (and P^T's), which it takes as a constexpr (its compute
+    partition builds the register layouts itself)."""
+    block_m, block_n = BWD_TILES[head_dim][:2]
+    return dict(q_layout=_shared_layout(block_m, head_dim, dtype),
+                kv_layout=_shared_layout(block_n, head_dim, dtype),
+                ds_layout=_shared_layout(block_n, block_m, dtype),
+                dqa_layout=_shared_layout(block_m, head_dim, gl.float32))
 
 
 def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str | None:
@@ -610,13 +642,14 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
+    block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
     lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype])
-    queries = lambda t: head_tiles(t, BWD_BLOCK_M, lay["q_layout"])  # noqa: E731
-    keys = lambda t: head_tiles(t, BWD_BLOCK_N, lay["kv_layout"])  # noqa: E731
-    launch(_bwd_kernel, (seqlen // BWD_BLOCK_N * batch * nheads,),
+    queries = lambda t: head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
+    keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
+    launch(_bwd_kernel, (seqlen // block_n * batch * nheads,),
            (queries(q), queries(do), keys(k), keys(v), keys(dk), keys(dv),
-            head_tiles(dqa, BWD_BLOCK_M, lay["dqa_layout"]), lse, delta, seqlen, nheads, softmax_scale * LOG2E,
+            head_tiles(dqa, block_m, lay["dqa_layout"]), lse, delta, seqlen, nheads, softmax_scale * LOG2E,
             softmax_scale, launch_head_group(seqlen, causal)),
-           dict(HEAD_DIM=head_dim, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=BWD_STAGES, DQ_STAGES=BWD_DQ_STAGES,
+           dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                 IS_CAUSAL=causal, WARPS=BWD_WARPS, ds_layout=lay["ds_layout"], num_warps=BWD_WARPS))
     torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

@@ -197,6 +197,11 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     assert "FLASH_GLUON=0" in _bwd_why(q, k, v)
 
 
+def test_gluon_backward_takes_head_dim_256_once_enabled(as_if_sm90, bwd_head_dim_256):
+    assert _bwd_why(*_qkv(1, 1024, 1024, 4, 4, 256)) is None
+    assert _bwd_why(*_qkv(1, 1024, 1024, 4, 4, 256), causal=True) is None
+
+
 def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkeypatch):
     """`_flash_bwd` gives the Gluon backward dO, q, k, v, the LSE, delta and its gradient buffers (views of one
     dqkv for packed calls) with the softmax scale, and returns what it wrote; gluon=False never reaches it."""
@@ -227,26 +232,48 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
         assert len(calls) == 2
 
 
+def bwd_compile_sm90(head_dim: int, causal: bool) -> dict:
+    """compile_sm90 of the Gluon backward with the tiles it launches at this head dim (flash_gluon.BWD_TILES)."""
+    import kernels.flash_gluon as G
+
+    block_m, block_n, stages, dq_stages = G.BWD_TILES[head_dim]
+    setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
+             f"lay = G.bwd_layouts({head_dim}, gl.bfloat16); "
+             f"desc = lambda r, l, t='bf16': R.tensordesc(t, [r, {head_dim}], lay[l])")
+    consts = (f"dict(HEAD_DIM={head_dim}, BLOCK_M={block_m}, BLOCK_N={block_n}, STAGES={stages}, "
+              f"DQ_STAGES={dq_stages}, IS_CAUSAL={causal}, WARPS=G.BWD_WARPS, ds_layout=lay['ds_layout'])")
+    types = (f"dict(q_desc=desc({block_m}, 'q_layout'), do_desc=desc({block_m}, 'q_layout'), "
+             f"**{{n: desc({block_n}, 'kv_layout') for n in ('k_desc', 'v_desc', 'dk_desc', 'dv_desc')}}, "
+             f"dqa_desc=desc({block_m}, 'dqa_layout', 'fp32'))")
+    return compile_sm90("G._bwd_kernel", consts, G.BWD_WARPS, stages, setup, types)
+
+
 @needs_cuobjdump
 @pytest.mark.parametrize("causal", [False, True])
 def test_gluon_backward_compiles_for_sm90(causal):
     import kernels.flash_gluon as G
 
-    setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
-             "lay = G.bwd_layouts(128, gl.bfloat16); desc = lambda r, l, t='bf16': R.tensordesc(t, [r, 128], lay[l])")
-    consts = (f"dict(HEAD_DIM=128, BLOCK_M=G.BWD_BLOCK_M, BLOCK_N=G.BWD_BLOCK_N, STAGES=G.BWD_STAGES, "
-              f"DQ_STAGES=G.BWD_DQ_STAGES, IS_CAUSAL={causal}, WARPS=G.BWD_WARPS, ds_layout=lay['ds_layout'])")
-    types = ("dict(q_desc=desc(G.BWD_BLOCK_M, 'q_layout'), do_desc=desc(G.BWD_BLOCK_M, 'q_layout'), "
-             "**{n: desc(G.BWD_BLOCK_N, 'kv_layout') for n in ('k_desc', 'v_desc', 'dk_desc', 'dv_desc')}, "
-             "dqa_desc=desc(G.BWD_BLOCK_M, 'dqa_layout', 'fp32'))")
-    r = compile_sm90("G._bwd_kernel", consts, G.BWD_WARPS, G.BWD_STAGES, setup, types)
+    _, _, stages, dq_stages = G.BWD_TILES[128]
+    r = bwd_compile_sm90(128, causal)
     # 24-32 bytes of spill stack, as the measured kernels had (results/attention/gluon_bwd/compile_sm90.txt): more
     # would be a change to re-measure
     assert r["stack"] <= 32, r
     # K, V, a 2-deep Q / dO ring, dS^T (bf16) and a 2-deep float32 dQ ring fit within an H100's 227 KB per block
-    tiles = (2 * 128 * 128 + 2 * G.BWD_STAGES * 64 * 128 + 128 * 64) * 2 + G.BWD_DQ_STAGES * 64 * 128 * 4
+    tiles = (2 * 128 * 128 + 2 * stages * 64 * 128 + 128 * 64) * 2 + dq_stages * 64 * 128 * 4
     assert tiles <= r["smem"] <= 232448, r
     assert r["ops"].get("HGMMA", 0) > 0 and r["ops"].get("UTMALDG", 0) > 0, r["ops"]
+
+
+@needs_cuobjdump
+def test_gluon_backward_at_head_dim_256_splits_its_tiles_without_spills():
+    """64-key tiles at head dim 256: each tile split across the two warpgroups along its columns (`_tile_layout`),
+    P^T and dS^T through shared memory. Laid out one warp per 16 rows instead, it spilled 1.5 KB a thread
+    (results/attention/gluon_bwd256/compile_sm90.txt)."""
+    r = bwd_compile_sm90(256, causal=True)
+    assert r["stack"] == 0, r
+    # K, V, one stage of Q and dO, P^T and dS^T (bf16), one float32 dQ tile
+    tiles = (2 * 64 * 256 + 2 * 64 * 256 + 2 * 64 * 64) * 2 + 64 * 256 * 4
+    assert tiles <= r["smem"] <= 232448, r
 
 
 # ------------------------------------------------------------------------------------ GPU (sm_90) only
@@ -287,12 +314,24 @@ def test_gpu_gluon_head_dims_64_256_match_reference(head_dim, causal, any_length
     _check_automatic(_qkv(2, 512, 512, 4, 2, head_dim, torch.bfloat16, "cuda"), causal, monkeypatch)
 
 
+@pytest.fixture
+def bwd_head_dim_256(monkeypatch):
+    """The Gluon backward at head dim 256 too, at every length: it is not in BWD_HEAD_DIMS until its GPU A/B
+    (results/attention/gluon_bwd256/bwd256.py check) has measured where it is faster."""
+    from kernels import flash_gluon
+
+    monkeypatch.setattr(flash_gluon, "BWD_HEAD_DIMS", tuple(sorted({*flash_gluon.BWD_HEAD_DIMS, 256})))
+    monkeypatch.setattr(flash_gluon, "BWD_MIN_SEQLEN", {**flash_gluon.BWD_MIN_SEQLEN, (256, False): 0, (256, True): 0})
+
+
 @pytest.mark.gpu
 @gluon_gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_backward_head_dim_64_matches_reference(causal, any_length, monkeypatch):
-    """Both Gluon kernels at head dim 64 (the backward from 2K there, every length here)."""
-    q, k, v = _qkv(2, 512, 512, 4, 4, 64, torch.bfloat16, "cuda")
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_gpu_gluon_backward_head_dims_64_256_match_reference(head_dim, causal, any_length, bwd_head_dim_256,
+                                                             monkeypatch):
+    """Both Gluon kernels at head dims 64 (the backward from 2K there, every length here) and 256."""
+    q, k, v = _qkv(2, 512, 512, 4, 4, head_dim, torch.bfloat16, "cuda")
     lse = torch.empty(2, 4, 512, device="cuda")
     assert F._gluon_bwd_unsupported(q, k, v, q, lse, lse, (q, k, v), causal, 0.0, False) is None
     _check_automatic((q, k, v), causal, monkeypatch)
@@ -406,14 +445,16 @@ DQ_RERUN = 2 ** -7
 @gluon_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_backward_vs_triton_reruns_packed_and_deterministic(causal, dtype, any_length):
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_gpu_gluon_backward_vs_triton_reruns_packed_and_deterministic(head_dim, causal, dtype, any_length,
+                                                                     bwd_head_dim_256):
     """Against the @triton.jit backward on the same O and LSE; reruns: dK, dV bit-identical (one program owns each
     key tile), dQ equal up to its varying summation order; written into a packed dqkv's views; deterministic mode
     runs the @triton.jit kernels."""
     b, n, h = 2, 1024, 8
-    q, k, v = _qkv(b, n, n, h, h, 128, dtype, "cuda")
+    q, k, v = _qkv(b, n, n, h, h, head_dim, dtype, "cuda")
     do = torch.randn_like(q)
-    scale = 128 ** -0.5
+    scale = head_dim ** -0.5
     o, lse, seed = F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, n, n)
 
     def bwd(q, k, v, gluon=True, out=None):

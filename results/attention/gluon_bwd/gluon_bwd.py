@@ -528,16 +528,17 @@ def compile_report():
             from kernel_resources import tensordesc
 
             lay = G.bwd_layouts(head_dim, gl.bfloat16)
-            q_desc = tensordesc("bf16", [G.BWD_BLOCK_M, head_dim], lay["q_layout"])
-            kv_desc = tensordesc("bf16", [G.BWD_BLOCK_N, head_dim], lay["kv_layout"])
+            bm, bn, bstages, dq_stages = G.BWD_TILES[head_dim]
+            q_desc = tensordesc("bf16", [bm, head_dim], lay["q_layout"])
+            kv_desc = tensordesc("bf16", [bn, head_dim], lay["kv_layout"])
             types = dict(q_desc=q_desc, do_desc=q_desc, k_desc=kv_desc, v_desc=kv_desc, dk_desc=kv_desc,
-                         dv_desc=kv_desc, dqa_desc=tensordesc("fp32", [G.BWD_BLOCK_M, head_dim], lay["dqa_layout"]))
-            consts = dict(HEAD_DIM=head_dim, BLOCK_M=G.BWD_BLOCK_M, BLOCK_N=G.BWD_BLOCK_N, STAGES=G.BWD_STAGES,
-                          DQ_STAGES=G.BWD_DQ_STAGES, IS_CAUSAL=causal, WARPS=G.BWD_WARPS, ds_layout=lay["ds_layout"])
-            r = resources(G._bwd_kernel, consts, G.BWD_WARPS, G.BWD_STAGES, types=types)
-            print(f"hd {head_dim} causal {causal} ws (shipped: BLOCK_M {G.BWD_BLOCK_M}, BLOCK_N {G.BWD_BLOCK_N}, "
-                  f"{G.BWD_WARPS} compute warps + loader + dQ writer, stages {G.BWD_STAGES}, dQ stages "
-                  f"{G.BWD_DQ_STAGES}, LSE/delta by the loader): regs {r['regs']}, spill stack {r['stack']} B, smem "
+                         dv_desc=kv_desc, dqa_desc=tensordesc("fp32", [bm, head_dim], lay["dqa_layout"]))
+            consts = dict(HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=bstages, DQ_STAGES=dq_stages,
+                          IS_CAUSAL=causal, WARPS=G.BWD_WARPS, ds_layout=lay["ds_layout"])
+            r = resources(G._bwd_kernel, consts, G.BWD_WARPS, bstages, types=types)
+            print(f"hd {head_dim} causal {causal} ws (shipped: BLOCK_M {bm}, BLOCK_N {bn}, "
+                  f"{G.BWD_WARPS} compute warps + loader + dQ writer, stages {bstages}, dQ stages "
+                  f"{dq_stages}, LSE/delta by the loader): regs {r['regs']}, spill stack {r['stack']} B, smem "
                   f"{r['smem']} B", flush=True)
             for block_m, stages, dq_stages in PP_CONFIGS:
                 consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,

@@ -1,6 +1,8 @@
 """The shipped Gluon backward (kernels/flash_gluon.py `_bwd_kernel`) compiled for sm_90 at head dims it does not ship
 for, on a machine without a GPU (scripts/kernel_resources.py via tests/test_kernel_resources.compile_sm90): registers,
-spill stack and shared memory per (head dim, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES). Session 26.
+spill stack and shared memory per (head dim, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES). Session 26 (its output), when
+the kernel laid every tile out one warp per 16 rows; since session 28 it splits 64-key tiles across the warpgroups
+(results/attention/gluon_bwd256/), so the head-dim-256 rows compile without the spills recorded here.
 
     TRITON_INTERPRET=1 python results/attention/launch_direct/bwd_compile_sm90.py
 """
@@ -18,7 +20,7 @@ def main():
     for hd, bm, bn, stages, dq_stages in CASES:
         for causal in (False, True):
             setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
-                     f"G.BWD_BLOCK_M, G.BWD_BLOCK_N = {bm}, {bn}; G.bwd_layouts.cache_clear(); "
+                     f"G.BWD_TILES[{hd}] = ({bm}, {bn}, {stages}, {dq_stages}); G.bwd_layouts.cache_clear(); "
                      f"lay = G.bwd_layouts({hd}, gl.bfloat16); "
                      f"desc = lambda r, l, t='bf16': R.tensordesc(t, [r, {hd}], lay[l])")
             consts = (f"dict(HEAD_DIM={hd}, BLOCK_M={bm}, BLOCK_N={bn}, STAGES={stages}, DQ_STAGES={dq_stages}, "
