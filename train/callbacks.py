@@ -289,6 +289,7 @@ class CallLog(L.Callback):
             trainer.save_checkpoint(os.path.join(ckpt.dirpath, ckpt.CHECKPOINT_NAME_LAST + ckpt.FILE_EXTENSION))
 
     def on_train_end(self, trainer, pl_module):
+        self._between_steps = False  # a SIGTERM in a later trainer.test is not between two training steps
         if 0 <= trainer.max_steps <= trainer.global_step:
             status = "finished"
         else:
@@ -304,9 +305,9 @@ class CallLog(L.Callback):
             # a scheduler step): still between two steps, so the checkpoint is written here. Inside a gradient
             # accumulation or an evaluation no consistent state exists to save: ckpt_path=last then resumes from
             # the last checkpoint written before. With several ranks a save here could wait on a rank that
-            # stopped elsewhere, so only one rank saves late.
-            late = (self.stopped_by != "SIGTERM" and self._between_steps
-                    and trainer.world_size == 1 and not trainer.validating and not trainer.sanity_checking)
+            # stopped elsewhere, so only a single-rank run saves late.
+            late = (self.stopped_by != "SIGTERM" and self._between_steps and trainer.training
+                    and trainer.world_size == 1)
             if late:
                 self._save_last(trainer)
                 self.stopped_by = "SIGTERM"
@@ -358,5 +359,6 @@ class StepProfiler(L.Callback):
             self._stop(trainer, self.steps)
 
     def on_train_end(self, trainer, pl_module):
+        self._between_steps = False  # a SIGTERM in a later trainer.test is not between two training steps
         if self.profile.running and trainer.global_step > self.start:
             self._stop(trainer, trainer.global_step - self.start)
