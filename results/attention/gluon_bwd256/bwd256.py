@@ -57,7 +57,9 @@ def check():
     bench = lambda fn: do_bench(fn, warmup=25, rep=80, return_mode="median")  # noqa: E731
     print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; head dim 256, bf16, 16K tokens, 8 heads; ms, "
-          "do_bench medians; err: max |g - g_triton| / max |g_triton| over dq, dk, dv", flush=True)
+          "do_bench medians; err: max |g - g_triton| / max |g_triton| over dq, dk, dv; the @triton.jit kernels "
+          f"{'autotuned' if F._autotuning() else 'at fixed configs (FLASH_AUTOTUNE=0): not the comparison to keep'}",
+          flush=True)
     print("n causal | bwd: gluon, triton (x), FA2 (x) | fwd+bwd: with gluon bwd, without (x), FA2 (x) | err | "
           "dK, dV rerun identical", flush=True)
     for n, causal in SHAPES:
