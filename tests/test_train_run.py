@@ -221,6 +221,20 @@ def test_sigterm_stops_at_a_step_with_a_checkpoint_and_resumes(embedded_data, tm
                                                                              "finished")
 
 
+def test_resuming_with_another_accumulation_is_refused(embedded_data, tmp_path):
+    """The same global batch as other micro-batches (what the out-of-memory hint suggests) changes the accumulation,
+    which Lightning's restored micro-batch counter does not follow: refused with what to do, not a silently
+    different run."""
+    common = ["trainer.max_steps=4", "callbacks.checkpoint.every_n_train_steps=2", "eval_every_steps=100000",
+              "global_batch_size=4"]
+    run_inprocess(common + ["data.batch_size=2"], tmp_path / "a")
+    ckpt = tmp_path / "a" / "checkpoints" / "step0000002.ckpt"
+    with pytest.raises(ValueError, match="gradient accumulation 2 and this run has 1"):
+        run_inprocess(common + ["data.batch_size=4", f"ckpt_path={ckpt}"], tmp_path / "b")
+    trainer, _ = run_inprocess(common + ["data.batch_size=2", f"ckpt_path={ckpt}"], tmp_path / "c")
+    assert trainer.global_step == 4
+
+
 def test_a_sigterm_after_the_step_hook_still_saves_that_step(embedded_data, tmp_path, monkeypatch):
     """The signal can land after CallLog's end-of-batch hook has looked and before Lightning's own check at the
     end of the batch (logging, a scheduler step): still between two steps, so last.ckpt is written for that step

@@ -283,6 +283,7 @@ class ResumableDataModule(L.LightningDataModule):
         self.num_workers, self.seed = num_workers, seed
         self.num_samples = num_samples
         self.samples_seen = 0
+        self.resumed_accumulation: int | None = None  # from the checkpoint (written since session 28)
 
     @property
     def _rank_world(self):
@@ -296,6 +297,14 @@ class ResumableDataModule(L.LightningDataModule):
         )
 
     def train_loader(self, ds):
+        if self.trainer is not None and self.resumed_accumulation not in (None, self.trainer.accumulate_grad_batches):
+            # Lightning restores its micro-batch counter (steps x the old accumulation) and steps the optimizer on
+            # it: with another accumulation it would step mid-way through a step's micro-batches and end the data
+            # epoch at the wrong place. The data position itself (samples_seen) would carry over.
+            raise ValueError(
+                f"the checkpoint was written with gradient accumulation {self.resumed_accumulation} and this run has "
+                f"{self.trainer.accumulate_grad_batches} (global_batch_size / (data.batch_size x devices)): resume "
+                "with the same accumulation, or start the run over")
         return self._loader(ds, self.batch_size, ResumableSampler(len(ds), self.samples_seen, *self._rank_world))
 
     def eval_loader(self, ds):
@@ -305,10 +314,11 @@ class ResumableDataModule(L.LightningDataModule):
         # Checkpoints are written after optimizer steps, so this counts exactly the samples consumed.
         t = self.trainer
         per_step = self.batch_size * t.accumulate_grad_batches * t.world_size
-        return {"samples_seen": t.global_step * per_step}
+        return {"samples_seen": t.global_step * per_step, "accumulation": t.accumulate_grad_batches}
 
     def load_state_dict(self, state):
         self.samples_seen = int(state["samples_seen"])
+        self.resumed_accumulation = state.get("accumulation")
 
 
 class LMDataModule(ResumableDataModule):
