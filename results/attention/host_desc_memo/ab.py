@@ -109,5 +109,19 @@ def main(rounds=3):
               flush=True)
 
 
+def scratch_report() -> None:
+    """Per kernel launch() holds: the global and profile scratch sizes, which Triton's launcher allocates on every
+    call when non-zero (another host cost of a launch besides the descriptors)."""
+    from kernels.launch import _COMPILED
+
+    for (kernel, _), entries in _COMPILED.items():
+        for compiled, _ in entries.values():
+            md = compiled.metadata
+            print(f"{getattr(kernel, '__name__', kernel)}: global scratch {md.global_scratch_size} B, profile scratch "
+                  f"{md.profile_scratch_size} B", flush=True)
+            break
+
+
 if __name__ == "__main__":
     main()
+    scratch_report()
