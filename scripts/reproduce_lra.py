@@ -999,6 +999,14 @@ def main(argv=None):
                                    + ("" if last else " (no last.ckpt here: the command starts it again)"),
                             "command": u.get("command") or show(run_command(u["task"], u["kind"], u["seed"], steps,
                                                                             last))})
+    for (t, kind), seeds in sorted(found["accuracy"].items()):
+        for seed, r in sorted(seeds.items()):
+            if t in args.tasks and r["finished"] and r.get("data_drift") and (t, kind, seed) not in known:
+                steps = r["max_steps"] if r["max_steps"] != recipe(t)["max_steps"] else None
+                missing.append({"task": t, "kind": kind, "seed": seed,
+                                "why": "re-read samples after a resume (the runs table says which steps); the "
+                                       "command runs it again, and train/run.py moves the earlier run to previous-1/",
+                                "command": show(run_command(t, kind, seed, steps))})
     known |= {(m["task"], m["kind"], m["seed"]) for m in missing}
     for t in args.tasks:
         for kind in args.kinds:

@@ -545,6 +545,22 @@ def test_runs_resumed_before_the_sampler_fix_are_marked_where_they_re_read_sampl
     assert R.reread_spans(None, 20000) == []
 
 
+def test_a_finished_run_that_re_read_samples_is_marked_and_listed_for_a_rerun(tmp_path):
+    root = tmp_path / "runs"
+    d = R.accuracy_dir(root, "listops", "flash", 1, None)
+    write_run(d, "listops", "flash", max_steps=5000, test_acc=0.4)
+    (d / "calls.csv").write_text(
+        "call,start_step,end_step,steps,wall_s,started_utc,ended_utc,status,resumed_from,device\n"
+        "1,0,1000,1000,10,2026-11-25T07:00:00+00:00,2026-11-25T07:01:00+00:00,stopped: budget_s,,GPU X x 1\n"
+        "2,1000,5000,4000,50,2026-11-25T08:00:00+00:00,2026-11-25T08:09:00+00:00,finished,x,GPU X x 1\n")
+    s = R.main(["--collect", str(root), "--out", str(tmp_path / "out"), "--tasks", "listops", "--kinds", "flash"])
+    note = "steps 4000-5000 re-read the samples from step 1000"
+    assert any(note in x for x in s["accuracy"]["listops"]["flash"]["data_drift"])
+    (rerun,) = [m for m in s["missing"] if m["why"].startswith("re-read samples")]
+    assert rerun["seed"] == 1 and "ckpt_path" not in rerun["command"] and "attn=flash" in rerun["command"]
+    assert note in (tmp_path / "out" / "table3.md").read_text()
+
+
 def test_parity_compares_kinds_on_shared_evaluations_and_seeds_for_noise():
     curve = lambda *accs: [(100 * (i + 1), a) for i, a in enumerate(accs)]  # noqa: E731
     summary = {"curves": [
