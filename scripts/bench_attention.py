@@ -12,6 +12,8 @@ Quick tuning run:
 What fused dropout costs at the GPT-2 small training shape (B 16, N 1024, H 12, D 64, causal, bf16): ours and
 SDPA-flash with dropout 0 and 0.1, forward and forward+backward, one process:
     python scripts/bench_attention.py --dropout --tag dropout_gpt2
+Every provider at the GPT-2 small and BERT-large (padded, varlen) training shapes, dropout 0 and 0.1:
+    python scripts/bench_attention.py --model-shapes --rounds 3 --tag model_shapes_h100
 Writes <tag>.csv, <tag>.json (rows + GPU, versions, date, command, autotune picks), <tag>.md, <tag>.png
 (--dropout: <tag>.json and <tag>.md) to --out, by default results/attention/.
 """
@@ -105,18 +107,23 @@ def peak_extra_mib(fn, q, k, v, do) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds):
+def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds, setup=None, flop_count=None):
     """One row per provider at one shape (or, for a provider that fails there, a row with its error). With rounds >
     1 the providers are timed in turn, in alternating order, `rounds` times, and each mode's time is the median of
     the rounds' do_bench medians: the machine's speed drifts by several percent over minutes, which a ratio of two
-    providers timed minutes apart would carry."""
+    providers timed minutes apart would carry. setup(name) -> (fn, q, k, v, dO) and flop_count(mode) replace the
+    uniform (b, n, h, d) batch of `make_provider` (the model shapes: a varlen batch, dropout)."""
+    if setup is None:
+        def setup(name):
+            fn, layout = make_provider(name, causal, n)
+            shape = (b, n, h, d) if layout == "bnhd" else (b, h, n, d)
+            return (fn, *inputs(shape, torch.Generator(device="cuda").manual_seed(0)))
+    flop_count = flop_count or (lambda mode: flops(b, h, n, d, causal, mode))
     rows, state = {}, {}
     for name in names:
         row = {"provider": name, "hdim": d, "seqlen": n, "batch": b, "heads": h, "causal": causal}
         try:
-            fn, layout = make_provider(name, causal, n)
-            shape = (b, n, h, d) if layout == "bnhd" else (b, h, n, d)
-            state[name] = (fn, *inputs(shape, torch.Generator(device="cuda").manual_seed(0)))
+            state[name] = setup(name)
             rows[name] = row
         except Exception as e:  # noqa: BLE001  (a peer without this shape: record and go on)
             rows[name] = {**row, "error": f"{type(e).__name__}: {str(e)[:200]}"}
@@ -138,7 +145,7 @@ def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds):
         if "error" not in row:
             for m in modes:
                 row[f"{m}_ms"] = statistics.median(times[name][m])
-                row[f"{m}_tflops"] = flops(b, h, n, d, causal, m) / row[f"{m}_ms"] * 1e-9
+                row[f"{m}_tflops"] = flop_count(m) / row[f"{m}_ms"] * 1e-9
             if rounds > 1:
                 row["rounds_ms"] = times[name]
         if memory and "error" not in row:
@@ -202,6 +209,141 @@ def dropout_markdown(rows, meta):
         lines.append(f"| {r['provider']} | {r['dropout']} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
                      f"{r['fwdbwd_tflops']:.0f} | {cost[0]} | {cost[1]} |")
     return "\n".join(lines) + "\n"
+
+
+# The two training shapes issue 13 names. BERT-large's batch is the micro-batch of results/bert/bench_bert.md (56
+# sequences padded to 512) with real lengths drawn uniform in BERT_LENGTHS: mean 307, as that run's timed batches had
+# (padding fraction 0.40).
+MODEL_SHAPES = {"gpt2-small": dict(b=16, n=1024, h=12, d=64, causal=True, varlen=False),
+                "bert-large": dict(b=56, n=512, h=16, d=64, causal=False, varlen=True)}
+MODEL_PROVIDERS = ["ours", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_default", "flex"]
+BERT_LENGTHS = (114, 500)
+
+
+def bert_lengths(b: int, seed: int = 0) -> torch.Tensor:
+    """Real lengths of one padded BERT batch, seeded (int64, on the host)."""
+    lo, hi = BERT_LENGTHS
+    return torch.randint(lo, hi + 1, (b,), generator=torch.Generator().manual_seed(seed))
+
+
+def real_flops(lengths, h, d, causal, mode) -> float:
+    """FLOPs of the real tokens only, each sequence its own n^2: a padded provider computes more in its time, so its
+    TFLOP/s here is what the real work got."""
+    return sum(flops(1, h, int(n), d, causal, mode) for n in lengths)
+
+
+def model_setup(shape: dict, name: str, p: float, lengths: torch.Tensor):
+    """(fn, q, k, v, dO) of provider `name` at a model shape with dropout p, as that model runs it: ours on the packed
+    real tokens where the batch is padded (the models remove the padding once per forward), SDPA and Flex on the
+    padded batch with its key-padding mask. Raises where the provider cannot run it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, n, h, d, causal, varlen = (shape[k] for k in ("b", "n", "h", "d", "causal", "varlen"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if name == "ours":
+        if varlen:
+            from kernels.flash import flash_attn_varlen_func
+
+            cu = torch.zeros(b + 1, dtype=torch.int32, device="cuda")
+            cu[1:] = torch.cumsum(lengths.to("cuda"), 0)
+            longest = int(lengths.max())
+
+            def packed(q, k, v):
+                return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, dropout_p=p, check_seqlens=False)
+            return (packed, *inputs((int(lengths.sum()), h, d), gen))
+        from kernels.flash import flash_attn_func
+
+        return (lambda q, k, v: flash_attn_func(q, k, v, dropout_p=p, causal=causal)), *inputs((b, n, h, d), gen)
+    lens = lengths.to("cuda")
+    if name == "flex":
+        if p > 0:
+            raise ValueError("FlexAttention has no dropout")
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        if varlen:
+            block = create_block_mask(lambda bi, hi, qi, ki: (qi < lens[bi]) & (ki < lens[bi]), b, None, n, n,
+                                      device="cuda")
+        else:
+            block = create_block_mask(lambda bi, hi, qi, ki: qi >= ki, None, None, n, n, device="cuda")
+        compiled = compiled_flex_attention()
+        return (lambda q, k, v: compiled(q, k, v, block_mask=block)), *inputs((b, h, n, d), gen)
+    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_default": None}[name]
+    # SDPA's flash backend (FlashAttention-2) takes no mask: on a padded batch it computes the padding like real
+    # tokens, which is what FA2 costs there without its varlen API (PyTorch does not expose it)
+    mask = None
+    if varlen and name != "sdpa_flash":
+        mask = (torch.arange(n, device="cuda")[None, :] < lens[:, None])[:, None, None, :]
+
+    def padded(q, k, v):
+        if backend is None:  # the backend PyTorch picks itself (what attn=sdpa gets in training)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+    return (padded, *inputs((b, h, n, d), gen))
+
+
+def model_shapes(args, meta):
+    """Every provider at the GPT-2 small and BERT-large training shapes, dropout 0 and 0.1, forward and
+    forward+backward, providers interleaved over --rounds; writes <tag>.json and <tag>.md."""
+    rows = []
+    base = os.path.join(args.out, args.tag)
+    for shape_name, shape in MODEL_SHAPES.items():
+        b, n, h, d, causal = (shape[k] for k in ("b", "n", "h", "d", "causal"))
+        lengths = bert_lengths(b) if shape["varlen"] else torch.full((b,), n)
+        for p in (0.0, 0.1):
+            point = bench_point(MODEL_PROVIDERS, b, h, n, d, causal, ["fwd", "fwdbwd"], False, args.rep, args.rounds,
+                                setup=lambda name, shape=shape, p=p, lengths=lengths: model_setup(shape, name, p,
+                                                                                                  lengths),
+                                flop_count=lambda mode, lengths=lengths, h=h, d=d, causal=causal: real_flops(
+                                    lengths, h, d, causal, mode))
+            for r in point:
+                r.update(kind="model", shape=shape_name, dropout=p, real_tokens=int(lengths.sum()))
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+            meta["autotune"] = autotune_picks()
+            with open(base + ".json", "w") as f:  # after every point: a run cut off still leaves its numbers
+                json.dump({**meta, "rows": rows}, f, indent=1)
+    md = model_shapes_markdown(rows, meta)
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    print(md)
+
+
+def model_shapes_markdown(rows, meta) -> str:
+    lines = markdown_header("Attention at the model training shapes", meta) + [
+        "Median ms of triton.testing.do_bench (forward under no_grad; forward+backward = autograd.grad of q, k, v)"
+        + (f", median of {meta['rounds']} interleaved rounds" if meta.get("rounds", 1) > 1 else "") + "; TFLOP/s "
+        "of the real tokens only; 'x ours' = the provider's time / ours (> 1: ours is faster). sdpa_default: the "
+        "backend PyTorch picks itself (what attn=sdpa runs).", ""]
+    for shape_name, shape in MODEL_SHAPES.items():
+        sel = [r for r in rows if r.get("shape") == shape_name]
+        if not sel:
+            continue
+        tokens = sel[0]["real_tokens"]
+        if shape["varlen"]:
+            lines += [f"## {shape_name}: {shape['b']} sequences padded to {shape['n']} ({tokens:,} real tokens of "
+                      f"{shape['b'] * shape['n']:,}: lengths uniform in {BERT_LENGTHS[0]}-{BERT_LENGTHS[1]}), "
+                      f"{shape['h']} heads of {shape['d']}, non-causal", "",
+                      "Ours on the packed real tokens (the models remove the padding once per forward); SDPA and Flex "
+                      "on the padded batch with its key-padding mask, except sdpa_flash (FlashAttention-2), which "
+                      "takes no mask and computes the padding like real tokens.", ""]
+        else:
+            lines += [f"## {shape_name}: batch {shape['b']} x {shape['n']}, {shape['h']} heads of {shape['d']}, "
+                      f"{'causal' if shape['causal'] else 'non-causal'}", ""]
+        lines += ["| provider | dropout | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | x ours fwd | x ours fwd+bwd |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for p in sorted({r["dropout"] for r in sel}):
+            ours = next((r for r in sel if r["dropout"] == p and r["provider"] == "ours" and "error" not in r), None)
+            for r in (r for r in sel if r["dropout"] == p):
+                if "error" in r:
+                    why = r["error"].splitlines()[0][:100].replace("|", "/")
+                    lines.append(f"| {r['provider']} | {p} | {why} | - | - | - | - |")
+                    continue
+                lines.append(f"| {r['provider']} | {p} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
+                             f"{r['fwdbwd_tflops']:.0f} | {_ratio(ours, r, 'fwd_ms')} | {_ratio(ours, r, 'fwdbwd_ms')} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def standard_fits(b, h, n):
@@ -346,6 +488,9 @@ def main():
                          "into <tag>.json/.csv/.md/.png; each part's command and date are kept")
     ap.add_argument("--dropout", action="store_true",
                     help="only the fused-dropout cost at the GPT-2 small shape (ours and SDPA-flash, p 0 and 0.1)")
+    ap.add_argument("--model-shapes", action="store_true",
+                    help="only the GPT-2 small and BERT-large (varlen) training shapes, every provider, dropout 0 and "
+                         "0.1 (<tag>.json, <tag>.md)")
     args = ap.parse_args()
 
     args.out = str(repo_path(args.out))
@@ -357,6 +502,9 @@ def main():
     meta["rounds"] = args.rounds
     if args.dropout:
         dropout_cost(args, meta)
+        return
+    if args.model_shapes:
+        model_shapes(args, meta)
         return
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     rows = []

@@ -95,3 +95,51 @@ def test_attention_bench_interleaves_rounds_and_keeps_errors(monkeypatch):
     assert ours["rounds_ms"] == {"fwd": [1.0, 5.0, 2.0]}
     assert "no kernel" in cudnn["error"] and "fwd_ms" not in cudnn
     assert ours["fwd_tflops"] == ba.flops(1, 2, 4, 8, True, "fwd") / 2.0 * 1e-9
+
+
+def test_model_shapes_time_every_provider_at_both_shapes_and_count_real_tokens(monkeypatch, tmp_path):
+    """--model-shapes: GPT-2 small and BERT-large (a padded batch with seeded real lengths), dropout 0 and 0.1, every
+    provider through bench_point with the shape's own setup; TFLOP/s from the real tokens only; a provider that
+    cannot run a point (Flex with dropout) is an error row, and the table says so."""
+    import argparse
+    import json
+
+    import torch
+
+    import bench_attention as ba
+
+    lengths = ba.bert_lengths(ba.MODEL_SHAPES["bert-large"]["b"])
+    assert ba.BERT_LENGTHS[0] <= int(lengths.min()) and int(lengths.max()) <= ba.BERT_LENGTHS[1]
+    assert 280 < float(lengths.float().mean()) < 335  # about the BERT benchmark's mean real length, 307
+    assert torch.equal(lengths, ba.bert_lengths(56))  # seeded
+    assert ba.real_flops([3, 5], 2, 8, False, "fwd") == ba.flops(1, 2, 3, 8, False, "fwd") + ba.flops(1, 2, 5, 8,
+                                                                                                     False, "fwd")
+    calls = []
+
+    def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds, setup=None, flop_count=None):
+        calls.append((b, n, causal, rounds))
+        rows = []
+        for name in names:
+            row = {"provider": name, "hdim": d, "seqlen": n, "batch": b, "heads": h, "causal": causal}
+            if name == "flex" and len(calls) % 2 == 0:  # the dropout point
+                rows.append({**row, "error": "ValueError: FlexAttention has no dropout"})
+                continue
+            ms = 1.0 if name == "ours" else 2.0
+            rows.append({**row, "fwd_ms": ms / 4, "fwdbwd_ms": ms, "fwd_tflops": 0.0,
+                         "fwdbwd_tflops": flop_count("fwdbwd") / ms * 1e-9})
+        return rows
+
+    monkeypatch.setattr(ba, "bench_point", bench_point)
+    monkeypatch.setattr(ba, "autotune_picks", lambda: {})
+    args = argparse.Namespace(out=str(tmp_path), tag="m", rep=10, rounds=3)
+    ba.model_shapes(args, {"gpu": "X", "date": "d", "command": "c", "rounds": 3})
+    assert calls == [(16, 1024, True, 3), (16, 1024, True, 3), (56, 512, False, 3), (56, 512, False, 3)]
+    rows = json.loads((tmp_path / "m.json").read_text())["rows"]
+    assert len(rows) == 4 * len(ba.MODEL_PROVIDERS)
+    bert = next(r for r in rows if r["shape"] == "bert-large" and r["provider"] == "ours" and r["dropout"] == 0.1)
+    assert bert["real_tokens"] == int(lengths.sum()) < 56 * 512
+    assert bert["fwdbwd_tflops"] == pytest.approx(ba.real_flops(lengths, 16, 64, False, "fwdbwd") * 1e-9)
+    md = (tmp_path / "m.md").read_text()
+    assert "| sdpa_flash | 0.0 | 0.500 | 2.000 |" in md and "| 2.00 | 2.00 |" in md  # twice ours' time
+    assert "| flex | 0.1 | ValueError: FlexAttention has no dropout |" in md
+    assert f"{int(lengths.sum()):,} real tokens of 28,672" in md
