@@ -232,14 +232,18 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
         assert len(calls) == 2
 
 
-def bwd_compile_sm90(head_dim: int, causal: bool) -> dict:
-    """compile_sm90 of the Gluon backward with the tiles it launches at this head dim (flash_gluon.BWD_TILES)."""
+def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, patch: str = "") -> dict:
+    """compile_sm90 of the Gluon backward with the tiles it launches at this head dim (flash_gluon.BWD_TILES), or
+    with `tiles` (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) instead; `patch`: Python run first in the compiling process
+    with flash_gluon as G (an experiment's other layout, say)."""
     import kernels.flash_gluon as G
 
-    block_m, block_n, stages, dq_stages = G.BWD_TILES[head_dim]
-    setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
-             f"lay = G.bwd_layouts({head_dim}, gl.bfloat16); "
-             f"desc = lambda r, l, t='bf16': R.tensordesc(t, [r, {head_dim}], lay[l])")
+    block_m, block_n, stages, dq_stages = tiles or G.BWD_TILES[head_dim]
+    setup = "; ".join(line for line in (
+        "import kernels.flash_gluon as G", "from triton.experimental.gluon import language as gl", patch,
+        f"G.BWD_TILES[{head_dim}] = ({block_m}, {block_n}, {stages}, {dq_stages})", "G.bwd_layouts.cache_clear()",
+        f"lay = G.bwd_layouts({head_dim}, gl.bfloat16)",
+        f"desc = lambda r, l, t='bf16': R.tensordesc(t, [r, {head_dim}], lay[l])") if line)
     consts = (f"dict(HEAD_DIM={head_dim}, BLOCK_M={block_m}, BLOCK_N={block_n}, STAGES={stages}, "
               f"DQ_STAGES={dq_stages}, IS_CAUSAL={causal}, WARPS=G.BWD_WARPS, ds_layout=lay['ds_layout'])")
     types = (f"dict(q_desc=desc({block_m}, 'q_layout'), do_desc=desc({block_m}, 'q_layout'), "

@@ -110,24 +110,14 @@ def _rows_only_layout(warps, rows, n):
 def compile_report():
     """sm_90 compile of the shipped `_bwd_kernel` at head dim 256, and a control with the head-dim-128 layouts (one
     warp per 16 rows whatever the tile) to show what the split layouts remove."""
-    from tests.test_kernel_resources import compile_sm90
+    from tests.test_flash_gluon import bwd_compile_sm90
 
     print("head dim, causal | registers at launch, spill stack (bytes a thread), shared memory (bytes), HGMMA count")
-    rows_only = ("sys.path.insert(0, 'results/attention/gluon_bwd256'); import bwd256; "
-                 "G._tile_layout = bwd256._rows_only_layout; ")
+    rows_only = ("import sys; sys.path.insert(0, 'results/attention/gluon_bwd256'); import bwd256; "
+                 "G._tile_layout = bwd256._rows_only_layout")
     for control in (False, True):
         for causal in (False, True):
-            bm, bn, stages, dq_stages = G.BWD_TILES[256]
-            setup = ("import kernels.flash_gluon as G; from triton.experimental.gluon import language as gl; "
-                     + (rows_only if control else "") +
-                     "lay = G.bwd_layouts(256, gl.bfloat16); "
-                     "desc = lambda r, l, t='bf16': R.tensordesc(t, [r, 256], lay[l])")
-            consts = (f"dict(HEAD_DIM=256, BLOCK_M={bm}, BLOCK_N={bn}, STAGES={stages}, DQ_STAGES={dq_stages}, "
-                      f"IS_CAUSAL={causal}, WARPS=G.BWD_WARPS, ds_layout=lay['ds_layout'])")
-            types = (f"dict(q_desc=desc({bm}, 'q_layout'), do_desc=desc({bm}, 'q_layout'), "
-                     f"**{{n: desc({bn}, 'kv_layout') for n in ('k_desc', 'v_desc', 'dk_desc', 'dv_desc')}}, "
-                     f"dqa_desc=desc({bm}, 'dqa_layout', 'fp32'))")
-            r = compile_sm90("G._bwd_kernel", consts, G.BWD_WARPS, stages, setup, types)
+            r = bwd_compile_sm90(256, causal, patch=rows_only if control else "")
             print(f"256, {'causal' if causal else 'non-causal'}{', control: one warp per 16 rows' if control else ''}"
                   f" | {r['regs']}, {r['stack']}, {r['smem']}, {r['ops'].get('HGMMA', 0)}", flush=True)
 
