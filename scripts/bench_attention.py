@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import statistics
@@ -42,6 +43,14 @@ def flops(b, h, n, d, causal, mode):
     return f * (3.5 if mode == "fwdbwd" else 1.0)
 
 
+def sdpa_backend(name):
+    """The SDPBackend of provider sdpa_flash / sdpa_efficient / sdpa_cudnn; None for sdpa_default (PyTorch picks)."""
+    from torch.nn.attention import SDPBackend
+
+    return {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_default": None}[name]
+
+
 def make_provider(name, causal, n):
     """Return (fn(q, k, v) -> out, layout) where layout 'bnhd' or 'bhnd' is the provider's native one."""
     if name == "ours":
@@ -51,9 +60,8 @@ def make_provider(name, causal, n):
         from kernels.standard import standard_attention
         return (lambda q, k, v: standard_attention(q, k, v, causal=causal)), "bnhd"
     if name.startswith("sdpa_"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
-                   "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}[name]
+        from torch.nn.attention import sdpa_kernel
+        backend = sdpa_backend(name)
 
         def fn(q, k, v):
             with sdpa_kernel(backend):
@@ -236,7 +244,7 @@ def model_setup(shape: dict, name: str, p: float, lengths: torch.Tensor):
     """(fn, q, k, v, dO) of provider `name` at a model shape with dropout p, as that model runs it: ours on the packed
     real tokens where the batch is padded (the models remove the padding once per forward), SDPA and Flex on the
     padded batch with its key-padding mask. Raises where the provider cannot run it."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
     b, n, h, d, causal, varlen = (shape[k] for k in ("b", "n", "h", "d", "causal", "varlen"))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -267,8 +275,7 @@ def model_setup(shape: dict, name: str, p: float, lengths: torch.Tensor):
             block = create_block_mask(lambda bi, hi, qi, ki: qi >= ki, None, None, n, n, device="cuda")
         compiled = compiled_flex_attention()
         return (lambda q, k, v: compiled(q, k, v, block_mask=block)), *inputs((b, h, n, d), gen)
-    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_default": None}[name]
+    backend = sdpa_backend(name)
     # SDPA's flash backend (FlashAttention-2) takes no mask: on a padded batch it computes the padding like real
     # tokens, which is what FA2 costs there without its varlen API (PyTorch does not expose it)
     mask = None
@@ -293,10 +300,8 @@ def model_shapes(args, meta):
         lengths = bert_lengths(b) if shape["varlen"] else torch.full((b,), n)
         for p in (0.0, 0.1):
             point = bench_point(MODEL_PROVIDERS, b, h, n, d, causal, ["fwd", "fwdbwd"], False, args.rep, args.rounds,
-                                setup=lambda name, shape=shape, p=p, lengths=lengths: model_setup(shape, name, p,
-                                                                                                  lengths),
-                                flop_count=lambda mode, lengths=lengths, h=h, d=d, causal=causal: real_flops(
-                                    lengths, h, d, causal, mode))
+                                setup=functools.partial(model_setup, shape, p=p, lengths=lengths),
+                                flop_count=functools.partial(real_flops, lengths, h, d, causal))
             for r in point:
                 r.update(kind="model", shape=shape_name, dropout=p, real_tokens=int(lengths.sum()))
                 rows.append(r)
