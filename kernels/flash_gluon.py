@@ -26,8 +26,8 @@ by block shape and layout, so a repeated call does not go through JITFunction.ru
 Scope, checked by `unsupported` / `bwd_unsupported` (kernels/flash.py runs its `@triton.jit` kernels everywhere
 else): an sm_90 GPU, fp16/bf16, no dropout, no varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view
 runs one batch's rows into the next one's, so the tiles must not cross it) and at least MIN_SEQLEN /
-BWD_MIN_SEQLEN; the forward at head dims 64, 128 and 256, with grouped-query attention, the backward at 64 and 128
-without it.
+BWD_MIN_SEQLEN; the forward at head dims 64, 128 and 256, with grouped-query attention, the backward at 64, 128 and
+256 without it.
 Any row stride that TMA can read is supported (q, k, v as views of a packed qkv; dq, dk, dv of a packed dqkv). The
 output and the base-2 log-sum-exp are the ones `kernels.flash._fwd_kernel` writes, so either backward takes them.
 """
@@ -386,20 +386,22 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
 # shape among them), hence from 2K there.
 # ---------------------------------------------------------------------------------------------------
 
-BWD_HEAD_DIMS = (64, 128)
+BWD_HEAD_DIMS = (64, 128, 256)
 # (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) per head dim: at 64 and 128 the fastest of the A/B's three configs; at 256
 # FlashAttention-3's (Shah et al., 2024): 64-key tiles, one stage, the only ones whose K, V, Q, dO, P^T, dS^T and dQ
-# tiles fit shared memory (214 KB). 256 is not in BWD_HEAD_DIMS until its GPU check
-# (`results/attention/gluon_bwd256/bwd256.py check`) has measured it; compiled for sm_90 it has no spills
-# (results/attention/gluon_bwd256/compile_sm90.txt).
+# tiles fit shared memory (214 KB); compiled for sm_90 it has no spills (results/attention/gluon_bwd256/
+# compile_sm90.txt), and on one H100 it is 1.08-1.30x the @triton.jit backward at 512-16K (check_h100.txt).
 BWD_TILES = {64: (64, 128, 2, 2), 128: (64, 128, 2, 2), 256: (64, 64, 1, 1)}
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
 # @triton.jit kernels at 1K
 # (non-causal / causal), 1.27x at 2K causal, 1.13x / 1.01x at 512 (see MIN_SEQLEN for why 512 stays with them);
-# 1.27-1.39x from 4K (results/attention/gluon_bwd/ab_h100.txt).
-BWD_MIN_SEQLEN = {(64, False): 2048, (64, True): 2048, (128, False): 1024, (128, True): 1024}
+# 1.27-1.39x from 4K (results/attention/gluon_bwd/ab_h100.txt). At head dim 256 (results/attention/gluon_bwd256/
+# check_h100.txt) forward+backward gains 1.06-1.09x non-causal from 512 and 1.19-1.26x causal from 1K; at 512 causal
+# it lost (0.87x: the Gluon launch's host time shows there), so causal starts at 1K.
+BWD_MIN_SEQLEN = {(64, False): 2048, (64, True): 2048, (128, False): 1024, (128, True): 1024,
+                  (256, False): 512, (256, True): 1024}
 
 
 @_core.builtin

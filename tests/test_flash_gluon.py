@@ -173,7 +173,7 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     assert "below 1024" in _bwd_why(q[:, :512], k[:, :512], v[:, :512])
     assert "below 1024 causal" in _bwd_why(q[:, :512], k[:, :512], v[:, :512], causal=True)
     cases = {
-        "head dim 256, not one of (64, 128)": _qkv(1, 1024, 1024, 4, 4, 256),
+        "head dim 96, not one of (64, 128, 256)": _qkv(1, 1024, 1024, 4, 4, 96),
         "below 2048": _qkv(1, 1024, 1024, 4, 4, 64),  # head dim 64 gains from 2K
         "grouped-query": _qkv(1, 1024, 1024, 4, 2, 128),
         "not a multiple of 128": _qkv(1, 1000, 1000, 4, 4, 128),
@@ -197,9 +197,10 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     assert "FLASH_GLUON=0" in _bwd_why(q, k, v)
 
 
-def test_gluon_backward_takes_head_dim_256_once_enabled(as_if_sm90, bwd_head_dim_256):
-    assert _bwd_why(*_qkv(1, 1024, 1024, 4, 4, 256)) is None
+def test_gluon_backward_takes_head_dim_256_from_its_lengths(as_if_sm90):
+    assert _bwd_why(*_qkv(1, 512, 512, 4, 4, 256)) is None
     assert _bwd_why(*_qkv(1, 1024, 1024, 4, 4, 256), causal=True) is None
+    assert "below 1024 causal" in _bwd_why(*_qkv(1, 512, 512, 4, 4, 256), causal=True)
 
 
 def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkeypatch):
@@ -320,11 +321,9 @@ def test_gpu_gluon_head_dims_64_256_match_reference(head_dim, causal, any_length
 
 @pytest.fixture
 def bwd_head_dim_256(monkeypatch):
-    """The Gluon backward at head dim 256 too, at every length: it is not in BWD_HEAD_DIMS until its GPU A/B
-    (results/attention/gluon_bwd256/bwd256.py check) has measured where it is faster."""
+    """The Gluon backward at head dim 256 at every length (BWD_MIN_SEQLEN keeps 512 causal on the @triton.jit one)."""
     from kernels import flash_gluon
 
-    monkeypatch.setattr(flash_gluon, "BWD_HEAD_DIMS", tuple(sorted({*flash_gluon.BWD_HEAD_DIMS, 256})))
     monkeypatch.setattr(flash_gluon, "BWD_MIN_SEQLEN", {**flash_gluon.BWD_MIN_SEQLEN, (256, False): 0, (256, True): 0})
 
 
