@@ -1425,6 +1425,9 @@ class _EagerFlash(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
         ctx.args = (max_q, max_k, softmax_scale, causal, dropout_p)
         ctx.mark_non_differentiable(lse)
+        # dlse reaches backward as None instead of a zeros tensor autograd would allocate and fill each step (a
+        # launch at every layer); do is never None there, since lse cannot carry a gradient
+        ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
@@ -1448,6 +1451,7 @@ class _EagerFlashQKV(torch.autograd.Function):
         ctx.save_for_backward(qkv, o, lse, seed, cu)
         ctx.args = (max_s, softmax_scale, causal, dropout_p)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # as in _EagerFlash
         return o, lse
 
     @staticmethod

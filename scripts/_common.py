@@ -253,6 +253,31 @@ def pyplot():
 _FLEX: dict = {}
 
 
+def capture_graph(step, params):
+    """`step` (a forward, or a forward+backward) captured in a CUDA graph, after warm-up on a side stream as capture
+    requires; the params' .grad are cleared before each call so no accumulation kernel enters the graph. Replaying it
+    times the device alone: no Python, autograd or launch path on the host."""
+    import torch
+
+    def clear():
+        for t in params:
+            t.grad = None
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            clear()
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    clear()
+    return graph
+
+
 def compiled_flex_attention():
     """torch.compile'd flex_attention, built once per process; a larger dynamo cache, since every new
     shape and block mask compiles its own graph."""

@@ -30,7 +30,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from _common import compiled_flex_attention, markdown_header, pyplot, repo_path, repo_root, run_metadata
+from _common import (capture_graph, compiled_flex_attention, markdown_header, pyplot, repo_path, repo_root,
+                     run_metadata)
 
 repo_root()
 
@@ -84,9 +85,11 @@ def inputs(shape, gen):
     return q, k, v, torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
 
 
-def time_modes(fn, q, k, v, do, modes, rep, row):
+def time_modes(fn, q, k, v, do, modes, rep, row, graphed=False):
     """Median ms of `fn(q, k, v)` per mode ("fwd" under no_grad, "fwdbwd" = autograd.grad of q, k, v), and
-    TFLOP/s from the shape in `row`; written into `row`."""
+    TFLOP/s from the shape in `row`; written into `row`. With `graphed`, also `<mode>_graphed_ms`: the same call
+    captured in a CUDA graph and replayed, the device's time alone (where the eager time is the host's, at short
+    kernels on a slow host, the two differ), or `<mode>_graph_error` where capture fails."""
     import triton.testing
     for mode in modes:
         if mode == "fwd":
@@ -100,6 +103,14 @@ def time_modes(fn, q, k, v, do, modes, rep, row):
         torch.cuda.synchronize()
         ms = triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median")
         row[f"{mode}_ms"] = ms
+        if graphed:
+            try:
+                graph = capture_graph(run, (q, k, v))
+                row[f"{mode}_graphed_ms"] = triton.testing.do_bench(graph.replay, warmup=10, rep=rep,
+                                                                    return_mode="median")
+            except Exception as e:  # noqa: BLE001  (the eager time stands; the row says why there is no other)
+                row[f"{mode}_graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            graph = None
         shape = row["batch"], row["heads"], row["seqlen"], row["hdim"], row["causal"]
         row[f"{mode}_tflops"] = flops(*shape, mode) / ms * 1e-9
     return row
@@ -115,12 +126,13 @@ def peak_extra_mib(fn, q, k, v, do) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds, setup=None, flop_count=None):
+def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds, setup=None, flop_count=None, graphed=False):
     """One row per provider at one shape (or, for a provider that fails there, a row with its error). With rounds >
     1 the providers are timed in turn, in alternating order, `rounds` times, and each mode's time is the median of
     the rounds' do_bench medians: the machine's speed drifts by several percent over minutes, which a ratio of two
     providers timed minutes apart would carry. setup(name) -> (fn, q, k, v, dO) and flop_count(mode) replace the
-    uniform (b, n, h, d) batch of `make_provider` (the model shapes: a varlen batch, dropout)."""
+    uniform (b, n, h, d) batch of `make_provider` (the model shapes: a varlen batch, dropout). graphed: see
+    `time_modes`; those times are medians over the rounds too."""
     if setup is None:
         def setup(name):
             fn, layout = make_provider(name, causal, n)
@@ -136,24 +148,31 @@ def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds, setup=Non
         except Exception as e:  # noqa: BLE001  (a peer without this shape: record and go on)
             rows[name] = {**row, "error": f"{type(e).__name__}: {str(e)[:200]}"}
     times = {name: {m: [] for m in modes} for name in state}
+    graph_times = {name: {m: [] for m in modes} for name in state}
     for r in range(rounds):
         for name in (list(state) if r % 2 == 0 else list(state)[::-1]):
             if "error" in rows[name]:
                 continue
             try:
-                t = time_modes(*state[name], modes, rep, dict(rows[name]))
+                t = time_modes(*state[name], modes, rep, dict(rows[name]), graphed=graphed)
             except Exception as e:  # noqa: BLE001
                 rows[name]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 torch.cuda.empty_cache()
                 continue
             for m in modes:
                 times[name][m].append(t[f"{m}_ms"])
+                if f"{m}_graphed_ms" in t:
+                    graph_times[name][m].append(t[f"{m}_graphed_ms"])
+                elif f"{m}_graph_error" in t:
+                    rows[name][f"{m}_graph_error"] = t[f"{m}_graph_error"]
     for name in state:
         row = rows[name]
         if "error" not in row:
             for m in modes:
                 row[f"{m}_ms"] = statistics.median(times[name][m])
                 row[f"{m}_tflops"] = flop_count(m) / row[f"{m}_ms"] * 1e-9
+                if graph_times[name][m]:
+                    row[f"{m}_graphed_ms"] = statistics.median(graph_times[name][m])
             if rounds > 1:
                 row["rounds_ms"] = times[name]
         if memory and "error" not in row:
@@ -301,7 +320,7 @@ def model_shapes(args, meta):
         for p in (0.0, 0.1):
             point = bench_point(MODEL_PROVIDERS, b, h, n, d, causal, ["fwd", "fwdbwd"], False, args.rep, args.rounds,
                                 setup=functools.partial(model_setup, shape, p=p, lengths=lengths),
-                                flop_count=functools.partial(real_flops, lengths, h, d, causal))
+                                flop_count=functools.partial(real_flops, lengths, h, d, causal), graphed=True)
             for r in point:
                 r.update(kind="model", shape=shape_name, dropout=p, real_tokens=int(lengths.sum()))
                 rows.append(r)
@@ -320,7 +339,9 @@ def model_shapes_markdown(rows, meta) -> str:
         "Median ms of triton.testing.do_bench (forward under no_grad; forward+backward = autograd.grad of q, k, v)"
         + (f", median of {meta['rounds']} interleaved rounds" if meta.get("rounds", 1) > 1 else "") + "; TFLOP/s "
         "of the real tokens only; 'x ours' = the provider's time / ours (> 1: ours is faster). sdpa_default: the "
-        "backend PyTorch picks itself (what attn=sdpa runs).", ""]
+        "backend PyTorch picks itself (what attn=sdpa runs). Graphed: the same forward+backward captured in a CUDA "
+        "graph and replayed (do_bench median), the device's time alone; where the eager time is well above it, the "
+        "host's launch path (Python, autograd, launches) is what the eager column measured.", ""]
     for shape_name, shape in MODEL_SHAPES.items():
         sel = [r for r in rows if r.get("shape") == shape_name]
         if not sel:
@@ -336,17 +357,21 @@ def model_shapes_markdown(rows, meta) -> str:
         else:
             lines += [f"## {shape_name}: batch {shape['b']} x {shape['n']}, {shape['h']} heads of {shape['d']}, "
                       f"{'causal' if shape['causal'] else 'non-causal'}", ""]
-        lines += ["| provider | dropout | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | x ours fwd | x ours fwd+bwd |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["| provider | dropout | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | x ours fwd | x ours fwd+bwd | "
+                  "fwd+bwd ms, graphed | x ours, graphed |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for p in sorted({r["dropout"] for r in sel}):
             ours = next((r for r in sel if r["dropout"] == p and r["provider"] == "ours" and "error" not in r), None)
             for r in (r for r in sel if r["dropout"] == p):
                 if "error" in r:
                     why = r["error"].splitlines()[0][:100].replace("|", "/")
-                    lines.append(f"| {r['provider']} | {p} | {why} | - | - | - | - |")
+                    lines.append(f"| {r['provider']} | {p} | {why} | - | - | - | - | - | - |")
                     continue
+                graphed = (f"{r['fwdbwd_graphed_ms']:.3f}" if "fwdbwd_graphed_ms" in r
+                           else r.get("fwdbwd_graph_error", "-").splitlines()[0][:60].replace("|", "/"))
                 lines.append(f"| {r['provider']} | {p} | {r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | "
-                             f"{r['fwdbwd_tflops']:.0f} | {_ratio(ours, r, 'fwd_ms')} | {_ratio(ours, r, 'fwdbwd_ms')} |")
+                             f"{r['fwdbwd_tflops']:.0f} | {_ratio(ours, r, 'fwd_ms')} | {_ratio(ours, r, 'fwdbwd_ms')} | "
+                             f"{graphed} | {_ratio(ours, r, 'fwdbwd_graphed_ms')} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -30,7 +30,8 @@ import time
 
 import torch
 
-from _common import compiled_flex_attention, markdown_header, pyplot, repo_path, repo_root, run_metadata
+from _common import (capture_graph, compiled_flex_attention, markdown_header, pyplot, repo_path, repo_root,
+                     run_metadata)
 
 repo_root()
 
@@ -104,28 +105,6 @@ def make(name, layout, b, h, n):
             mask = mask & torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
         return (lambda q, k, v: standard_attention(q, k, v, mask=mask)), "bnhd"
     raise ValueError(name)
-
-
-def capture_graph(step, params):
-    """`step` (fwd+bwd) captured in a CUDA graph, after warm-up on a side stream as capture requires;
-    the params' .grad are cleared before each call so no accumulation kernel enters the graph."""
-    def clear():
-        for t in params:
-            t.grad = None
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            clear()
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    clear()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    clear()
-    return graph
 
 
 class Timed:

@@ -78,23 +78,26 @@ def test_attention_bench_interleaves_rounds_and_keeps_errors(monkeypatch):
             raise RuntimeError("no kernel for this shape")
         return (lambda q, k, v: q), "bnhd"
 
-    def time_modes(fn, q, k, v, do, modes, rep, row):
+    def time_modes(fn, q, k, v, do, modes, rep, row, graphed=False):
         order.append(row["provider"])
         t = next(clock[row["provider"]])
-        return {**row, "fwd_ms": t, "fwd_tflops": 0.0}
+        graph = {"fwd_graphed_ms": t / 2} if row["provider"] == "ours" else {"fwd_graph_error": "capture failed"}
+        return {**row, "fwd_ms": t, "fwd_tflops": 0.0, **(graph if graphed else {})}
 
     monkeypatch.setattr(ba, "make_provider", provider)
     monkeypatch.setattr(ba, "inputs", lambda shape, gen: tuple(torch.zeros(shape) for _ in range(4)))
     monkeypatch.setattr(ba, "time_modes", time_modes)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch, "Generator", lambda device=None: type("G", (), {"manual_seed": lambda s, x: s})())
-    rows = ba.bench_point(["ours", "sdpa_cudnn", "flex"], 1, 2, 4, 8, True, ["fwd"], False, 10, 3)
+    rows = ba.bench_point(["ours", "sdpa_cudnn", "flex"], 1, 2, 4, 8, True, ["fwd"], False, 10, 3, graphed=True)
     assert order == ["ours", "flex", "flex", "ours", "ours", "flex"]
     ours, cudnn, flex = rows
     assert ours["fwd_ms"] == 2.0 and flex["fwd_ms"] == 3.0  # medians of the three rounds
     assert ours["rounds_ms"] == {"fwd": [1.0, 5.0, 2.0]}
     assert "no kernel" in cudnn["error"] and "fwd_ms" not in cudnn
     assert ours["fwd_tflops"] == ba.flops(1, 2, 4, 8, True, "fwd") / 2.0 * 1e-9
+    assert ours["fwd_graphed_ms"] == 1.0  # the median of the rounds' graph replays too
+    assert "fwd_graphed_ms" not in flex and flex["fwd_graph_error"] == "capture failed"  # its eager time stands
 
 
 def test_model_shapes_time_every_provider_at_both_shapes_and_count_real_tokens(monkeypatch, tmp_path):
@@ -116,7 +119,9 @@ def test_model_shapes_time_every_provider_at_both_shapes_and_count_real_tokens(m
                                                                                                      False, "fwd")
     calls = []
 
-    def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds, setup=None, flop_count=None):
+    def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds, setup=None, flop_count=None,
+                    graphed=False):
+        assert graphed  # the model shapes are where eager times can be the host's
         calls.append((b, n, causal, rounds))
         rows = []
         for name in names:
@@ -125,7 +130,7 @@ def test_model_shapes_time_every_provider_at_both_shapes_and_count_real_tokens(m
                 rows.append({**row, "error": "ValueError: FlexAttention has no dropout"})
                 continue
             ms = 1.0 if name == "ours" else 2.0
-            rows.append({**row, "fwd_ms": ms / 4, "fwdbwd_ms": ms, "fwd_tflops": 0.0,
+            rows.append({**row, "fwd_ms": ms / 4, "fwdbwd_ms": ms, "fwd_tflops": 0.0, "fwdbwd_graphed_ms": ms / 2,
                          "fwdbwd_tflops": flop_count("fwdbwd") / ms * 1e-9})
         return rows
 
@@ -140,6 +145,7 @@ def test_model_shapes_time_every_provider_at_both_shapes_and_count_real_tokens(m
     assert bert["real_tokens"] == int(lengths.sum()) < 56 * 512
     assert bert["fwdbwd_tflops"] == pytest.approx(ba.real_flops(lengths, 16, 64, False, "fwdbwd") * 1e-9)
     md = (tmp_path / "m.md").read_text()
-    assert "| sdpa_flash | 0.0 | 0.500 | 2.000 |" in md and "| 2.00 | 2.00 |" in md  # twice ours' time
+    assert "| sdpa_flash | 0.0 | 0.500 | 2.000 |" in md and "| 2.00 | 2.00 | 1.000 | 2.00 |" in md  # twice ours'
+    assert "| flex | 0.1 | ValueError: FlexAttention has no dropout | - | - | - | - | - | - |" in md
     assert "| flex | 0.1 | ValueError: FlexAttention has no dropout |" in md
     assert f"{int(lengths.sum()):,} real tokens of 28,672" in md

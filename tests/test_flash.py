@@ -115,6 +115,25 @@ def test_lse_and_empty_rows(device):
     assert (dq[:, :30] == 0).all() and not torch.isnan(dq).any()
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_backward_fills_no_gradient_for_the_lse(device, packed):
+    """The eager Functions return (out, lse) with lse non-differentiable: autograd must not allocate and zero an
+    lse-shaped gradient for it at every backward (an allocation and a fill launch per layer)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = _inputs(1, 32, 32, 2, 2, 16, torch.float32, device)
+    if packed:
+        qkv = torch.stack((q, k, v), dim=2).detach().requires_grad_()
+        out = flash_attn_qkvpacked_func(qkv, causal=True)
+    else:
+        out = flash_attn_func(q, k, v, causal=True)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out.sum().backward()
+    zeroed = [e.input_shapes for e in prof.events() if e.name in ("aten::zero_", "aten::zeros_like")]
+    assert [1, 2, 32] not in [shapes[0] for shapes in zeroed if shapes], zeroed
+    assert (qkv if packed else q).grad is not None
+
+
 def test_noncontiguous_inputs(device):
     torch.manual_seed(0)
     qkv = torch.randn(2, 45, 3, 4, 32, device=device)
