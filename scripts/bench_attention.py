@@ -9,6 +9,8 @@ Full run (about 8 minutes on an H100):
     python scripts/bench_attention.py --out results/attention --tag h100
 Quick tuning run:
     python scripts/bench_attention.py --seqlens 1024 4096 --hdims 128 --providers ours sdpa_flash --no-memory
+Short rows, where the eager time can be the host's, with each provider's CUDA-graph replay beside it:
+    python scripts/bench_attention.py --seqlens 512 1024 --hdims 64 128 --rounds 3 --graphed --tag short_graphed
 What fused dropout costs at the GPT-2 small training shape (B 16, N 1024, H 12, D 64, causal, bf16): ours and
 SDPA-flash with dropout 0 and 0.1, forward and forward+backward, one process:
     python scripts/bench_attention.py --dropout --tag dropout_gpt2
@@ -404,15 +406,21 @@ def markdown(rows, meta):
              "(4BHN^2D forward, halved causal, x3.5 fwd+bwd; median of do_bench" + (
                  f", median of {meta['rounds']} interleaved rounds" if meta.get("rounds", 1) > 1 else "") +
              "). 'x peer' = peer time / our time "
-             "(> 1: we are faster), fwd, fwd+bwd. mem = peak extra MiB during fwd+bwd.", ""]
+             "(> 1: we are faster), fwd, fwd+bwd. mem = peak extra MiB during fwd+bwd." + (
+                 " graphed: the same ratio of forward+backward times replayed from CUDA graphs (the device's time "
+                 "alone, without the host's launch path), against each peer in the order named."
+                 if any("fwdbwd_graphed_ms" in r for r in rows) else ""), ""]
     keys = sorted({(r["hdim"], r["causal"]) for r in rows if r.get("kind") != "gpt2"})
     provs = [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]
     peers = [p for p in ("sdpa_flash", "flex", "sdpa_cudnn", "standard") if p in provs]
+    graphed_peers = [p for p in peers if any(r["provider"] == p and "fwdbwd_graphed_ms" in r for r in rows)]
+    graphed = any(r["provider"] == "ours" and "fwdbwd_graphed_ms" in r for r in rows) and graphed_peers
     for d, causal in keys:
         lines += [f"## head dim {d}, {'causal' if causal else 'non-causal'}", ""]
         head = "| seqlen | " + " | ".join(provs) + " | " + " | ".join(f"x {p}" for p in peers) + \
+            (f" | graphed x {' / '.join(graphed_peers)}" if graphed else "") + \
             " | mem ours | mem sdpa_flash | mem standard |"
-        lines += [head, "|" + "---|" * (1 + len(provs) + len(peers) + 3)]
+        lines += [head, "|" + "---|" * (1 + len(provs) + len(peers) + bool(graphed) + 3)]
         for n in sorted({r["seqlen"] for r in rows if r["hdim"] == d and r["causal"] == causal}):
             by = {r["provider"]: r for r in rows if r["hdim"] == d and r["causal"] == causal and r["seqlen"] == n
                   and r.get("kind") != "gpt2"}
@@ -423,6 +431,8 @@ def markdown(rows, meta):
                              f"{r.get('fwdbwd_tflops', float('nan')):.0f}")
             o = by.get("ours")
             ratios = [f"{_ratio(o, by.get(p), 'fwd_ms')}, {_ratio(o, by.get(p), 'fwdbwd_ms')}" for p in peers]
+            if graphed:
+                ratios.append(" / ".join(_ratio(o, by.get(p), "fwdbwd_graphed_ms") for p in graphed_peers))
             mem = [f"{by[p]['peak_extra_MiB']:.0f}" if p in by and "peak_extra_MiB" in by[p] else "-"
                    for p in ("ours", "sdpa_flash", "standard")]
             lines.append(f"| {n} | " + " | ".join(cells + ratios + mem) + " |")
@@ -511,6 +521,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="time the providers of each shape in turn this many times (alternating order) and keep each "
                          "one's median round: ratios from the same minutes")
+    ap.add_argument("--graphed", action="store_true",
+                    help="also time each provider (the standard baseline aside) replayed from CUDA graphs: the "
+                         "device's time without the host's (the short rows are host-bound on a slow host)")
     ap.add_argument("--out", default="results/attention", help="output folder (relative: from the repo root)")
     ap.add_argument("--tag", default="bench")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
@@ -541,7 +554,7 @@ def main():
     t0 = time.time()
     base = os.path.join(args.out, args.tag)
     fields = ["kind", "provider", "hdim", "seqlen", "batch", "heads", "causal", "fwd_ms", "fwdbwd_ms", "fwd_tflops",
-              "fwdbwd_tflops", "peak_extra_MiB", "error"]
+              "fwdbwd_tflops", "fwd_graphed_ms", "fwdbwd_graphed_ms", "peak_extra_MiB", "error"]
 
     def save():  # after every row, so a run cut off at its time limit still leaves its numbers
         meta["seconds"] = time.time() - t0
@@ -571,7 +584,8 @@ def main():
                 for group in ([p for p in names if p not in solo], solo):
                     if group:
                         for r in bench_point(group, b, h, n, d, causal, args.modes, not args.no_memory, args.rep,
-                                             args.rounds if len(group) > 1 else 1):
+                                             args.rounds if len(group) > 1 else 1,
+                                             graphed=args.graphed and group is not solo):
                             record(r)
     if not args.no_gpt2:
         for p in ["ours", "standard", "sdpa_flash"]:

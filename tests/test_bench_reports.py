@@ -149,3 +149,24 @@ def test_model_shapes_time_every_provider_at_both_shapes_and_count_real_tokens(m
     assert "| flex | 0.1 | ValueError: FlexAttention has no dropout | - | - | - | - | - | - |" in md
     assert "| flex | 0.1 | ValueError: FlexAttention has no dropout |" in md
     assert f"{int(lengths.sum()):,} real tokens of 28,672" in md
+
+
+def test_attention_table_adds_graphed_ratios_only_when_measured():
+    """--graphed: one more column, the forward+backward ratio of CUDA-graph replays against each peer that has one;
+    without graph times the table keeps its columns."""
+    import bench_attention as ba
+
+    def row(provider, ms, graphed=None):
+        r = {"provider": provider, "hdim": 64, "seqlen": 512, "batch": 32, "heads": 32, "causal": False,
+             "fwd_ms": ms / 3, "fwdbwd_ms": ms, "fwd_tflops": 1.0, "fwdbwd_tflops": 1.0}
+        return {**r, "fwdbwd_graphed_ms": graphed} if graphed else r
+
+    meta = {"gpu": "X", "date": "d", "command": "c", "rounds": 3}
+    plain = ba.markdown([row("ours", 1.0), row("sdpa_flash", 1.2), row("flex", 0.9)], meta)
+    assert "graphed" not in plain and "| 512 | 1 / 1 | 1 / 1 | 1 / 1 | 1.20, 1.20 | 0.90, 0.90 |" in plain
+    md = ba.markdown([row("ours", 1.0, 0.5), row("sdpa_flash", 1.2, 1.0), row("flex", 0.9, 0.75),
+                      row("standard", 5.0)], meta)
+    assert "| graphed x sdpa_flash / flex |" in md  # standard, timed outside the graphs, has no graphed ratio
+    assert "| 5.00, 5.00 | 2.00 / 1.50 |" in md
+    header, rule = [line for line in md.splitlines() if line.startswith("| seqlen") or line.startswith("|---")][:2]
+    assert header.count("|") == rule.count("|")
