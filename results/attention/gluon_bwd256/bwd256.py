@@ -1,5 +1,6 @@
 """The Gluon backward at head dim 256 (kernels/flash_gluon.py `_bwd_kernel` with BWD_TILES[256]): compiled for sm_90
-on the CPU machine, and the GPU check that decides whether, and from which length, 256 joins BWD_HEAD_DIMS.
+on the CPU machine, and the GPU check that decided whether, and from which length, 256 joins BWD_HEAD_DIMS (run in
+session 29: check_h100.txt; 1.08-1.30x the @triton.jit backward, shipped from 512 non-causal / 1K causal).
 
 The tiles are FlashAttention-3's head-dim-256 backward's (Shah et al., 2024): 64 x 64, two MMA warpgroups, one stage
 of Q / dO, P^T and dS^T through shared memory. With 64-key tiles, the only ones whose K, V, Q, dO and dQ tiles fit
