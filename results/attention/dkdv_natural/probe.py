@@ -13,8 +13,8 @@ This compiles `_bwd_dkdv_kernel` with `_dkdv_tile` swapped for `natural_tile` (t
 head dim 64, causal, dropout on, for the committed 16-bit stream and the 8-bit one, and prints static SASS totals,
 registers, spills, shared memory and the opcodes that move data through shared memory.
 
-    TRITON_INTERPRET=0 python results/attention/dkdv_natural/probe.py <variant> <stream>   # one compile, JSON
-    python results/attention/dkdv_natural/probe.py                                         # the table
+    TRITON_INTERPRET=0 python results/attention/dkdv_natural/probe.py <variant> <stream> [kind]   # one, JSON
+    python results/attention/dkdv_natural/probe.py [dkdv] [fused]                          # the tables
 """
 import json
 import os
@@ -86,7 +86,9 @@ def keep_tile_8bit(seed, bh, rows, start_col, drop_thresh, BLOCK_N: tl.constexpr
     return tl.reshape(k, (BLOCK_M, BLOCK_N)) != 0
 
 
-def one(variant: str, stream: str) -> dict:
+def one(variant: str, stream: str, kind: str = "dkdv") -> dict:
+    """kind "fused": the same kernel with FUSED_DQ (dQ added through the TMA reduce: kernels/flash.py `_fused_bwd`),
+    where the natural orientation hands dS to dQ = dS K untransposed."""
     os.environ["TRITON_ALWAYS_COMPILE"] = "1"
     from kernel_resources import resources
 
@@ -97,7 +99,7 @@ def one(variant: str, stream: str) -> dict:
     out = {}
     for m, n, w, s in CONFIGS:
         c = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=True, VARLEN=False,
-                 HAS_DROPOUT=stream != "none", GQA=False)
+                 HAS_DROPOUT=stream != "none", GQA=False, **({"FUSED_DQ": True, "DQ_TMA": True} if kind == "fused" else {}))
         try:
             r = resources(F._bwd_dkdv_kernel, c, w, s, sass=True)
         except Exception as e:  # noqa: BLE001  (a tile this orientation cannot compile)
@@ -110,28 +112,32 @@ def one(variant: str, stream: str) -> dict:
 
 def table():
     env = dict(os.environ, TRITON_INTERPRET="0")
-    runs = {}
-    for variant in ("shipped", "natural"):
-        for stream in ("none", "16bit", "8bit"):
-            res = subprocess.run([sys.executable, __file__, variant, stream], capture_output=True, text=True, env=env)
-            line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
-            runs[variant, stream] = json.loads(line[0][7:]) if line else {"error": res.stderr[-300:]}
-    print(f"sm_90, triton {triton.__version__}, `_bwd_dkdv_kernel` at head dim 64, causal, MHA; static SASS "
-          "(every instruction once, loops not weighted)")
-    print("| config | orientation | stream | total | regs | spill B | smem B | " + " | ".join(OPS) + " |")
-    print("|---|---|---|" + "---:|" * (4 + len(OPS)))
-    for cfg in map(str, CONFIGS):
-        for (variant, stream), r in runs.items():
-            x = r.get(cfg, r)
-            if "error" in x:
-                print(f"| {cfg} | {variant} | {stream} | {x['error'][:80]} |")
-                continue
-            print(f"| {cfg} | {variant} | {stream} | {x['total']} | {x['regs']} | {x['stack']} | {x['smem']} | "
-                  + " | ".join(str(x[op]) for op in OPS) + " |")
+    kinds = sys.argv[1:] or ["dkdv"]
+    for kind in kinds:
+        runs = {}
+        for variant in ("shipped", "natural"):
+            for stream in ("none", "16bit", "8bit"):
+                res = subprocess.run([sys.executable, __file__, variant, stream, kind], capture_output=True, text=True,
+                                     env=env)
+                line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
+                runs[variant, stream] = json.loads(line[0][7:]) if line else {"error": res.stderr[-300:]}
+        print(f"sm_90, triton {triton.__version__}, `_bwd_dkdv_kernel`{' with FUSED_DQ' if kind == 'fused' else ''} "
+              "at head dim 64, causal, MHA; static SASS (every instruction once, loops not weighted)")
+        print("| config | orientation | stream | total | regs | spill B | smem B | " + " | ".join(OPS) + " |")
+        print("|---|---|---|" + "---:|" * (4 + len(OPS)))
+        for cfg in map(str, CONFIGS):
+            for (variant, stream), r in runs.items():
+                x = r.get(cfg, r)
+                if "error" in x:
+                    print(f"| {cfg} | {variant} | {stream} | {x['error'][:80]} |")
+                    continue
+                print(f"| {cfg} | {variant} | {stream} | {x['total']} | {x['regs']} | {x['stack']} | {x['smem']} | "
+                      + " | ".join(str(x[op]) for op in OPS) + " |")
+        print()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3:
+    if len(sys.argv) >= 3 and sys.argv[1] in ("shipped", "natural"):
         print("RESULT " + json.dumps(one(*sys.argv[1:])), flush=True)
     else:
         table()
