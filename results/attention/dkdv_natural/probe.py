@@ -28,6 +28,9 @@ import triton.language as tl  # noqa: E402
 
 import kernels.flash as F  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dropout_variants"))
+from dropout_variants import _bytes  # noqa: E402  (8-bit keep flags of one Philox word, its four bytes)
+
 CONFIGS = [(32, 64, 4, 4), (64, 64, 4, 3), (64, 64, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2)]
 OPS = ("STS", "LDS", "BAR", "STL", "LDL", "PRMT", "HGMMA", "HMMA", "IMAD", "LOP3")
 
@@ -58,15 +61,6 @@ def natural_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm,
     ds = (p * (dp - delta[:, None])).to(q.dtype)
     dk = tl.dot(tl.trans(ds), q, dk)
     return dk, dv, tl.trans(ds)
-
-
-@triton.jit
-def _bytes(x, t8):
-    b0 = ((x & 0xFF).to(tl.int32) >= t8).to(tl.int8)
-    b1 = (((x >> 8) & 0xFF).to(tl.int32) >= t8).to(tl.int8)
-    b2 = (((x >> 16) & 0xFF).to(tl.int32) >= t8).to(tl.int8)
-    b3 = ((x >> 24).to(tl.int32) >= t8).to(tl.int8)
-    return tl.join(tl.join(b0, b1), tl.join(b2, b3))
 
 
 @triton.jit

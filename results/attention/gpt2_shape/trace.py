@@ -13,32 +13,24 @@ import time
 from collections import defaultdict
 
 sys.path.insert(0, ".")
+sys.path.insert(0, "scripts")
 import torch  # noqa: E402
-import torch.nn.functional as TF  # noqa: E402
 import triton  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 import kernels.flash as F  # noqa: E402
+from bench_attention import MODEL_SHAPES, model_setup  # noqa: E402
 
-B, N, H, D = 16, 1024, 12, 64
+GPT2 = MODEL_SHAPES["gpt2-small"]
+B, N, H, D = (GPT2[key] for key in "bnhd")
 
 
 def make(provider, p):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-               for _ in range(3))
-    do = torch.randn(B, N, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    if provider == "ours":
-        return lambda: torch.autograd.grad(F.flash_attn_func(q, k, v, dropout_p=p, causal=True), (q, k, v), do)
-    qt, kt, vt, dot = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v, do))
-
-    def fb():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return torch.autograd.grad(TF.scaled_dot_product_attention(qt, kt, vt, dropout_p=p, is_causal=True),
-                                       (qt, kt, vt), dot)
-    return fb
+    """The autograd forward+backward of `provider` (ours, sdpa_cudnn) at GPT-2's shape, as the model-shapes table
+    builds it."""
+    fn, q, k, v, do = model_setup(GPT2, provider, p, torch.full((B,), N))
+    return lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), do)
 
 
 def host_us(fn, calls=40):
