@@ -287,6 +287,29 @@ def test_compare_attention_streams_progress_and_reports_a_timeout(embedded_data,
     assert "timed out after 3" in table, table
 
 
+def test_swap_eval_scores_the_runs_own_weights_with_each_kind(embedded_data, tmp_path, monkeypatch):
+    """swap_eval loads a checkpoint's weights into the run's own config with attn= replaced: the run's kind gives
+    back the validation perplexity the run logged at that step, the Triton kernel the same to rounding; and it
+    names what is missing instead of evaluating something else."""
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "train/run.py", "debug=smoke", "trainer.enable_progress_bar=false",
+                        f"hydra.run.dir={run}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from swap_eval import main
+
+    out = main(["--run", str(run), "--attn", "standard,flash", "--steps", "20", "--out", str(tmp_path / "out")])
+    logged = series(metrics(run), "val/ppl")[20 - 1]
+    assert out[20]["standard"]["val/ppl"] == pytest.approx(logged, rel=1e-6)
+    assert out[20]["flash"]["val/ppl"] == pytest.approx(logged, rel=1e-4)
+    assert "flash vs standard: largest gap" in (tmp_path / "out" / "swap_eval.md").read_text()
+    with pytest.raises(ValueError, match="no checkpoint for steps"):
+        main(["--run", str(run), "--steps", "15", "--out", str(tmp_path / "out")])
+    with pytest.raises(FileNotFoundError, match="overrides.yaml"):
+        main(["--run", str(tmp_path), "--out", str(tmp_path / "out")])
+
+
 @pytest.mark.parametrize("overrides,want", [
     (["experiment=lra/retrieval", "attn=standard"], "data.batch_size=16 global_batch_size=32"),
     (["experiment=lra/listops", "data.batch_size=16", "global_batch_size=32"], "data.batch_size=8 global_batch_size=32"),
