@@ -13,6 +13,8 @@ For each checkpoint <run>/checkpoints/step*.ckpt (step order; --steps keeps some
 pass of the run's own config (its .hydra/overrides.yaml with attn= replaced, one device, the same precision)
 gives val/ppl. The table lists each kind's relative gap to the first kind and the largest. Extra arguments are
 Hydra overrides added to every evaluation. Writes <out>/<name>.md and .json with GPU, versions, date, command.
+--merge A.json B.json ... writes one table from the JSON files of runs over disjoint checkpoints (e.g. one per
+GPU, --steps split between them) of the same run and kinds, evaluating nothing.
 """
 from __future__ import annotations
 
@@ -80,23 +82,44 @@ def table(results: dict, kinds: list[str], key: str) -> tuple[list[str], dict]:
     return lines, worst
 
 
+def merge(files: list[str]) -> tuple[Path, list[str], list[str], dict, list[dict]]:
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    first = parts[0]
+    results: dict[int, dict] = {}
+    for f, part in zip(files, parts):
+        if (part["run"], part["kinds"]) != (first["run"], first["kinds"]):
+            raise ValueError(f"{f}: run {part['run']} kinds {part['kinds']}, not {first['run']} {first['kinds']}")
+        for step, row in part["results"].items():
+            if int(step) in results:
+                raise ValueError(f"{f}: step {step} is in an earlier file too")
+            results[int(step)] = row
+    return repo_path(first["run"]), first["kinds"], first["overrides"], results, [p["env"] for p in parts]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", required=True, help="a train/run.py output folder (its .hydra and checkpoints)")
+    ap.add_argument("--run", help="a train/run.py output folder (its .hydra and checkpoints)")
     ap.add_argument("--attn", default="standard,flash", help="kinds, comma-separated; gaps are to the first")
     ap.add_argument("--steps", type=int, nargs="*", help="only these checkpoints' steps")
     ap.add_argument("--out", default="results/training")
     ap.add_argument("--name", default="swap_eval")
+    ap.add_argument("--merge", nargs="+", help="JSON files of this script to combine into one table")
     args, extra = ap.parse_known_args(argv)
-    run, kinds = repo_path(args.run), args.attn.split(",")
-    overrides = run_overrides(run) + extra
-    work = repo_path("outputs/swap_eval")
-    results: dict[int, dict] = {}
-    for step, ckpt in checkpoints(run, args.steps):
-        for kind in kinds:
-            results.setdefault(step, {})[kind] = evaluate(overrides, ckpt, kind, work)
-            print(f"step {step} {kind}: {results[step][kind]}", flush=True)
-    meta = run_metadata(sys.argv if argv is None else ["scripts/swap_eval.py", *argv])
+    if not args.run and not args.merge:
+        ap.error("--run (a run folder to evaluate) or --merge (JSON files to combine) is required")
+    meta = run_metadata(sys.argv if argv is None else ["scripts/swap_eval.py", *argv], device=not args.merge)
+    if args.merge:  # the machine, versions and date are the evaluations', not this merge's
+        run, kinds, overrides, results, envs = merge(args.merge)
+        meta = {**envs[0], "command": meta["command"], "merged_commands": [e["command"] for e in envs]}
+    else:
+        run, kinds = repo_path(args.run), args.attn.split(",")
+        overrides = run_overrides(run) + extra
+        work = repo_path("outputs/swap_eval")
+        results = {}
+        for step, ckpt in checkpoints(run, args.steps):
+            for kind in kinds:
+                results.setdefault(step, {})[kind] = evaluate(overrides, ckpt, kind, work)
+                print(f"step {step} {kind}: {results[step][kind]}", flush=True)
     lines, worst = table(results, kinds, "val/ppl")
     md = markdown_header(f"Checkpoints of {rel(run)} evaluated with each attention kind", meta) + [
         "Validation perplexity of the same weights; in brackets the gap to the first kind.", "", *lines, ""]

@@ -304,6 +304,16 @@ def test_swap_eval_scores_the_runs_own_weights_with_each_kind(embedded_data, tmp
     assert out[20]["standard"]["val/ppl"] == pytest.approx(logged, rel=1e-6)
     assert out[20]["flash"]["val/ppl"] == pytest.approx(logged, rel=1e-4)
     assert "flash vs standard: largest gap" in (tmp_path / "out" / "swap_eval.md").read_text()
+    # parts over other checkpoints (one per GPU on the device) merge into one table; overlapping parts are refused
+    for step in (10, 20):
+        main(["--run", str(run), "--attn", "standard,sdpa", "--steps", str(step), "--out", str(tmp_path / "out"),
+              "--name", f"part{step}"])
+    parts = [str(tmp_path / "out" / f"part{step}.json") for step in (10, 20)]
+    merged = main(["--merge", *parts, "--out", str(tmp_path / "out"), "--name", "all"])
+    assert sorted(merged) == [10, 20] and merged[20]["standard"] == out[20]["standard"]
+    assert "| 10 |" in (tmp_path / "out" / "all.md").read_text()
+    with pytest.raises(ValueError, match="step 20 is in an earlier file"):
+        main(["--merge", parts[1], parts[1], "--out", str(tmp_path / "out")])
     with pytest.raises(ValueError, match="no checkpoint for steps"):
         main(["--run", str(run), "--steps", "15", "--out", str(tmp_path / "out")])
     with pytest.raises(FileNotFoundError, match="overrides.yaml"):

@@ -7,7 +7,7 @@
 # `python scripts/prepare_corpus.py` then `xz -k`), installs the carried wheels (.whl: hydra-core, omegaconf,
 # antlr4), and starts compare_attention in its own session. Every call watches until SLEEP seconds pass or the
 # sweep ends; once it has ended, scripts/swap_eval.py scores the first kind's checkpoints with every kind (or
-# SWAP_KINDS; four groups of checkpoints, one GPU each: part0-3.md), and the call packs the small files (table,
+# SWAP_KINDS; four groups of checkpoints, one GPU each, merged into swap/swap_eval.md), and the call packs the small files (table,
 # metrics, configs, logs) into $OUT/bundle.tgz (a call brings back 8 files at most). Session 30 ran an earlier form
 # of this script (no swap_eval) with NAME=parity_quiet KINDS=standard-matched,flash,standard-matched-fp32; the next
 # step (README here) is NAME=parity_seed2 KINDS=standard-matched,flash with dropout_seed=2, SWAP_KINDS adding
@@ -45,7 +45,8 @@ if ! pgrep -f compare_attention.py > /dev/null && [ ! -f $P/swap/done ]; then
     [ -n "$STEPS" ] && CUDA_VISIBLE_DEVICES=$i python scripts/swap_eval.py --run $P/runs/$FIRST --attn $SWAP \
       --steps $STEPS --out $P/swap --name part$i data.batch_size=16 > $P/swap/log$i 2>&1 &
   done
-  wait; tail -3 $P/swap/log*; touch $P/swap/done
+  wait; tail -3 $P/swap/log*
+  python scripts/swap_eval.py --merge $P/swap/part*.json --out $P/swap --name swap_eval && touch $P/swap/done
 fi
 B=/tmp/bundle; rm -rf $B; mkdir -p $B/runs
 cp -r $P/log $P/table $P/swap $B/ 2>/dev/null
