@@ -5,8 +5,9 @@
 #                                                          #   the parity run's bf16 gradient-error check (~4 min)
 #   bash results/attention/dkdv_natural/device.sh gpt2     # GPT-2 small bench_training, shipped then patched (~7 min)
 # `gpt2` needs the hydra-core / omegaconf / antlr4 wheels in .whl and data/cache/embedded (prepared on the CPU
-# machine), both carried. integrate.patch is kernels/flash.py with _dkdv_tile in the natural form and (128, 64, 8, 2)
-# among the dK/dV tuning candidates; its CPU kernel tests pass (186 passed under TRITON_INTERPRET=1).
+# machine), both carried. integrate.patch: kernels/flash.py's _dkdv_tile takes the queries-as-rows form for tiles
+# with at least as many queries as keys at head dims up to 128 (probe_hd.txt), (128, 64, 8, 2) joins the dK/dV
+# candidates, and a CPU test checks both forms against each other; the CPU kernel tests pass with it (188 passed).
 set -u -o pipefail
 D=results/attention/dkdv_natural
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline HF_DATASETS_OFFLINE=1
@@ -17,8 +18,11 @@ ab)
 tests)
   python results/training/gpt2_parity_quiet/grad_error.py --seeds 3 2>&1 | tee $OUT/grad_error_h100.txt
   git apply $D/integrate.patch || exit 1
-  FLASH_AUTOTUNE=0 timeout 400 python -m pytest -q -m gpu tests/test_flash.py tests/test_blocksparse.py 2>&1 \
-    | tail -30 | tee $OUT/gpu_tests_integrated_h100.txt ;;
+  FLASH_AUTOTUNE=0 timeout 240 python -m pytest -q -m gpu tests/test_flash.py tests/test_blocksparse.py 2>&1 \
+    | tail -30 | tee $OUT/gpu_tests_integrated_h100.txt
+  # again with a fixed dK/dV tile of as many queries as keys at head dim <= 64: the queries-as-rows form, dense
+  PYTHONPATH=$D FLASH_AUTOTUNE=0 timeout 200 python -m pytest -q -p fixed_natural -m gpu tests/test_flash.py 2>&1 \
+    | tail -30 | tee $OUT/gpu_tests_integrated_fixed_natural_h100.txt ;;
 gpt2)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site || exit 1
