@@ -1,11 +1,12 @@
 #!/bin/bash
-# The natural-orientation dK/dV on one H100, in four device calls (each well inside 600 s). Run from the repo root.
+# The natural-orientation dK/dV on one H100, in up to five device calls (each well inside 600 s). Run from the repo root.
 #   bash results/attention/dkdv_natural/device.sh ab       # ab.py: the dK/dV kernel, shipped vs natural (~6-8 min)
 #   bash results/attention/dkdv_natural/device.sh tests    # integrate.patch applied: the GPU kernel tests; and
 #                                                          #   the parity run's bf16 gradient-error check (~4 min)
 #   bash results/attention/dkdv_natural/device.sh gpt2     # GPT-2 small bench_training, eager: shipped flash, then
 #                                                          #   patched flash / sdpa / flash, and with the fused bwd
 #   bash results/attention/dkdv_natural/device.sh gpt2c    # the same, compiled: patched flash and sdpa
+#   bash results/attention/dkdv_natural/device.sh blocksparse   # block-sparse vs Flex, shipped then patched (~6 min)
 # `gpt2` and `gpt2c` need the hydra-core / omegaconf / antlr4 wheels in .whl and data/cache/embedded (prepared on
 # the CPU machine), both carried. integrate.patch: kernels/flash.py's _dkdv_tile takes the queries-as-rows form for
 # tiles with at least as many queries as keys at head dims up to 128 (probe_hd.txt), (128, 64, 8, 2) joins the
@@ -26,6 +27,11 @@ tests)
   # again with a fixed dK/dV tile of as many queries as keys at head dim <= 64: the queries-as-rows form, dense
   PYTHONPATH=$D FLASH_AUTOTUNE=0 timeout 200 python -m pytest -q -p fixed_natural -m gpu tests/test_flash.py 2>&1 \
     | tail -30 | tee $OUT/gpu_tests_integrated_fixed_natural_h100.txt ;;
+blocksparse)  # its dK/dV tile is 64 x 64 at head dim 64 (queries as rows under the patch), 64 x 128 above (unchanged)
+  S="python scripts/bench_blocksparse.py --seqlens 4096 16384 --hdims 64 128 --densities --providers ours flex"
+  $S --out $OUT --tag shipped 2>&1 | tail -12
+  git apply $D/integrate.patch || exit 1
+  $S --out $OUT --tag natural 2>&1 | tail -12 ;;
 gpt2|gpt2c)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site || exit 1
@@ -39,5 +45,5 @@ gpt2|gpt2c)
     git apply $D/integrate.patch || exit 1
     $B --rows ours-flash-compile,ours-sdpa-compile --out $OUT/natural_compile 2>&1 | tail -5
   fi ;;
-*) echo "usage: $0 ab|tests|gpt2|gpt2c"; exit 2 ;;
+*) echo "usage: $0 ab|tests|gpt2|gpt2c|blocksparse"; exit 2 ;;
 esac
