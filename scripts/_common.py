@@ -278,6 +278,18 @@ def capture_graph(step, params):
     return graph
 
 
+def compose_config(overrides: list[str]):
+    """The training config (configs/config.yaml) composed with Hydra overrides, as train/run.py would, without
+    running anything."""
+    from hydra import compose, initialize_config_dir
+
+    from train.config import CONFIG_DIR, register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
 def compiled_flex_attention():
     """torch.compile'd flex_attention, built once per process; a larger dynamo cache, since every new
     shape and block mask compiles its own graph."""

@@ -29,10 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from _common import (LoopTimer, markdown_header, ours_row_overrides, profile_markdown, pyplot, rel, rel_arg,
-                     repo_path, repo_root, require_some_rows, run_metadata, run_row, step_profiler, step_timer)
+from _common import (LoopTimer, compose_config, markdown_header, ours_row_overrides, profile_markdown, pyplot, rel,
+                     rel_arg, repo_path, repo_root, require_some_rows, run_metadata, run_row, step_profiler,
+                     step_timer)
 
 repo_root()
 
@@ -58,16 +58,6 @@ def data_overrides(args) -> list[str]:
     (two configs with other preparation settings would rebuild the same folder under each other)."""
     return [f"data={DATA_CONFIG[args.data_source]}", f"data.data_dir={args.data_dir}",
             f"data.batch_size={args.batch}", f"seed={args.seed}", f"model.max_positions={args.seq_len}"]
-
-
-def compose_config(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    from train.config import CONFIG_DIR, register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", overrides=overrides)
 
 
 def datamodule(args, num_samples: int):

@@ -31,7 +31,8 @@ import math
 import sys
 import time
 
-from _common import markdown_header, pyplot, repo_path, repo_root, require_some_rows, run_metadata, run_row
+from _common import (compose_config, markdown_header, pyplot, repo_path, repo_root, require_some_rows, run_metadata,
+                     run_row)
 
 repo_root()
 
@@ -67,16 +68,12 @@ def is_oom(exc: BaseException) -> bool:
 def one_row(args) -> dict:
     """Build the configured model and optimizer, run warmup + timed steps; OOM becomes {"oom": True}."""
     import torch
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from train.config import CONFIG_DIR, register_resolvers
     from train.optim import no_decay_names, param_groups
 
-    register_resolvers()
     overrides = overrides_for(args.row, args.seqlen, args.model)
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides, "output_dir=outputs/bench_longctx"])
+    cfg = compose_config([*overrides, "output_dir=outputs/bench_longctx"])
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     batch = args.batch or max(1, args.tokens // args.seqlen)

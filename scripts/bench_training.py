@@ -22,8 +22,8 @@ import argparse
 import json
 import sys
 
-from _common import (LoopTimer, markdown_header, ours_row_overrides, profile_markdown, rel, rel_arg, repo_path,
-                     repo_root, run_metadata, run_row, step_profiler, step_timer)
+from _common import (LoopTimer, compose_config, markdown_header, ours_row_overrides, profile_markdown, rel, rel_arg,
+                     repo_path, repo_root, run_metadata, run_row, step_profiler, step_timer)
 
 repo_root()
 
@@ -75,12 +75,9 @@ def run_hf(args, attn_impl: str) -> dict:
 
 def run_ours(args, attn: str, compile_: bool, *extra: str) -> dict:
     import torch
-    from hydra import compose, initialize_config_dir
 
-    from train.config import CONFIG_DIR, register_resolvers
     from train.run import build
 
-    register_resolvers()
     total = args.warmup + args.steps
     cuda = torch.cuda.is_available()
 
@@ -93,8 +90,7 @@ def run_ours(args, attn: str, compile_: bool, *extra: str) -> dict:
         f"callbacks.speed.every={total}",
         "+trainer.enable_checkpointing=false", f"eval_every_steps={total}",
     ]
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose_config(overrides)
     datamodule, task, trainer = build(cfg)
     timer = step_timer(args.warmup, total)
     profiler = step_profiler(total, total + args.profile)

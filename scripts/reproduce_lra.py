@@ -72,7 +72,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import markdown_header, metrics_files, pyplot, rel, repo_path, repo_root, run_in_group, run_metadata
+from _common import (compose_config, markdown_header, metrics_files, pyplot, rel, repo_path, repo_root, run_in_group,
+                     run_metadata)
 
 REPO = repo_root()
 
@@ -253,13 +254,7 @@ def parse_accumulate(specs) -> dict:
 def accumulated_batch(task: str, kind: str, n: int, extra=()) -> tuple[int, int]:
     """(micro-batch, sequences per step) for n accumulation steps: the run's own batch (the composed
     config, so the experiment, debug modes and overrides count) split into n micro-batches."""
-    from hydra import compose, initialize_config_dir
-
-    from train.config import CONFIG_DIR, register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment=lra/{task}", f"attn={kind}", *extra])
+    cfg = compose_config([f"experiment=lra/{task}", f"attn={kind}", *extra])
     total = int(cfg.get("global_batch_size") or cfg.data.batch_size)
     if total % n:
         raise ValueError(f"--accumulate {task}/{kind}={n}: the batch of {total} sequences does not split into "

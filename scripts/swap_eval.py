@@ -24,8 +24,7 @@ import re
 import sys
 from pathlib import Path
 
-import yaml
-from _common import markdown_header, rel, repo_path, run_metadata
+from _common import compose_config, markdown_header, rel, repo_path, run_metadata
 
 # Overrides of the training run that an evaluation on one device replaces or must not inherit.
 DROPPED = ("attn=", "trainer=", "trainer.devices=", "logger=", "ckpt_path=", "init_from=", "hydra.", "callbacks.",
@@ -49,20 +48,17 @@ def run_overrides(run: Path) -> list[str]:
     path = run / ".hydra" / "overrides.yaml"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: --run must be a train/run.py output folder")
-    return [o for o in yaml.safe_load(path.read_text()) or [] if not o.lstrip("+~").startswith(DROPPED)]
+    from omegaconf import OmegaConf
+
+    return [o for o in OmegaConf.to_container(OmegaConf.load(path)) if not o.lstrip("+~").startswith(DROPPED)]
 
 
 def evaluate(overrides: list[str], ckpt: Path, attn: str, work: Path) -> dict:
-    from hydra import compose, initialize_config_dir
-
-    from train.config import CONFIG_DIR, register_resolvers
     from train.run import build
 
-    register_resolvers()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides, f"attn={attn}", "logger=none", "trainer=default",
-                                           "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
-                                           f"init_from={ckpt}", f"output_dir={work}"])
+    cfg = compose_config([*overrides, f"attn={attn}", "logger=none", "trainer=default",
+                          "trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
+                          f"init_from={ckpt}", f"output_dir={work}"])
     datamodule, task, trainer = build(cfg)
     (res,) = trainer.validate(task, datamodule=datamodule, verbose=False)
     return {k: float(v) for k, v in res.items() if k.startswith("val/")}
@@ -123,7 +119,8 @@ def main(argv=None):
     lines, worst = table(results, kinds, "val/ppl")
     md = markdown_header(f"Checkpoints of {rel(run)} evaluated with each attention kind", meta) + [
         "Validation perplexity of the same weights; in brackets the gap to the first kind.", "", *lines, ""]
-    md += [f"- {k} vs {kinds[0]}: largest gap {100 * w:+.4f}% over {len(results)} checkpoints" for k, w in worst.items()]
+    md += [f"- {k} vs {kinds[0]}: largest gap {100 * w:+.4f}% over {len(results)} checkpoints"
+           for k, w in worst.items()]
     out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.md").write_text("\n".join(md) + "\n")

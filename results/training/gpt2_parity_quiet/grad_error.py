@@ -35,6 +35,12 @@ KINDS = ("flash", "standard-matched", "standard-matched-fp32", "standard-fp32")
 TENSORS = ("out", "dq", "dk", "dv")
 
 
+def kernel_mask(q, k, p, mask_seed):
+    """The kernels' keep-mask for this seed: flash, called after the same torch.manual_seed, draws this one."""
+    torch.manual_seed(mask_seed)
+    return dropout_keep_mask(draw_dropout_seed(q.device), q.shape[0], q.shape[2], q.shape[1], k.shape[1], p)
+
+
 def run_kind(kind, q, k, v, do, p, mask_seed, autocast_dtype):
     """(out, dq, dk, dv) of one kind, in float64 for comparison."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
@@ -43,8 +49,7 @@ def run_kind(kind, q, k, v, do, p, mask_seed, autocast_dtype):
         torch.manual_seed(mask_seed)  # flash draws its seed from the same generator state as the mask below
         out = flash_attn_func(q, k, v, dropout_p=p, causal=True)
     else:
-        torch.manual_seed(mask_seed)
-        mask = dropout_keep_mask(draw_dropout_seed(q.device), q.shape[0], q.shape[2], q.shape[1], k.shape[1], p)
+        mask = kernel_mask(q, k, p, mask_seed)
         if kind == "standard-fp32":
             args, ctx = [t.float() for t in (q, k, v)], contextlib.nullcontext()
         else:
@@ -57,8 +62,7 @@ def run_kind(kind, q, k, v, do, p, mask_seed, autocast_dtype):
 
 
 def reference(q, k, v, do, p, mask_seed):
-    torch.manual_seed(mask_seed)
-    mask = dropout_keep_mask(draw_dropout_seed(q.device), q.shape[0], q.shape[2], q.shape[1], k.shape[1], p)
+    mask = kernel_mask(q, k, p, mask_seed)
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     out = standard_attention(q, k, v, dropout_p=p, causal=True, dropout_mask=mask)
     out.backward(do.double())
