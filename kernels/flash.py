@@ -279,8 +279,14 @@ def bwd_dkdv_block_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, str
 def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, start_m, offs_m, cols,
                offs_d, seqlen_q, diag_offset, qk_scale, seed, bh, drop_thresh, drop_scale, HEAD_DIM: tl.constexpr,
                BLOCK_D: tl.constexpr, MASK_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, MASK_ROWS: tl.constexpr):
-    """`bwd_dkdv_block_step`'s work; also returns dS^T (BLOCK_N, BLOCK_M) in the inputs' dtype, for the fused
-    backward's dQ. Rows past seqlen_q and causally masked scores give exact zeros in it."""
+    """`bwd_dkdv_block_step`'s work; also returns dS (BLOCK_M, BLOCK_N) in the inputs' dtype, for the fused
+    backward's dQ. Rows past seqlen_q and causally masked scores give exact zeros in it.
+
+    The orientation follows the tile's shape (sm_90 compiles, results/attention/dkdv_natural/probe.txt and
+    probe_hd.txt). With at least as many queries as keys, the tile is S = Q K^T (queries as rows): it spills less
+    and takes fewer instructions there, and the dropout mask is used in the layout it is drawn in. With fewer
+    queries than keys, S^T = K Q^T does better, and its mask moves through shared memory as int8. Above head dim
+    128, both forms spill, and S^T is kept."""
     rows = start_m + offs_m
     q = load_tile(q_base, stride_qm, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASK_ROWS)
     do = load_tile(do_base, stride_dom, rows, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASK_ROWS)
@@ -292,34 +298,47 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, s
         delta = tl.load(delta_base + rows)
     # Rows that saw no key have LSE = -inf; +inf makes their probabilities exp2(-inf) = 0.
     lse = tl.where(lse == float("-inf"), float("inf"), lse)
-    qkT = tl.dot(k, tl.trans(q))
-    pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
-    if MASK_CAUSAL:
-        pT = tl.where(cols[:, None] <= rows[None, :] + diag_offset, pT, 0.0)
-    dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
-    if HAS_DROPOUT:
-        # Draw in the (query, key) orientation, then transpose (as int8: a layout shuffle through shared
-        # memory, cheaper than drawing in this orientation, where one call's eight scores span threads).
-        keep = dropout_keep_tile(seed, bh, rows, tl.min(cols, 0), drop_thresh, cols.shape[0])
-        keepT = tl.trans(keep.to(tl.int8)) != 0
-        pdT = tl.where(keepT, pT * drop_scale, 0.0)
-        dv = tl.dot(pdT.to(do.dtype), do, dv)
-        dpT = tl.where(keepT, dpT * drop_scale, 0.0)
+    if (offs_m.shape[0] >= cols.shape[0]) and (BLOCK_D <= 128):
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
+        if MASK_CAUSAL:
+            p = tl.where(cols[None, :] <= rows[:, None] + diag_offset, p, 0.0)
+        dp = tl.dot(do, tl.trans(v)).to(tl.float32)
+        if HAS_DROPOUT:
+            keep = dropout_keep_tile(seed, bh, rows, tl.min(cols, 0), drop_thresh, cols.shape[0])
+            dv = tl.dot(tl.trans(tl.where(keep, p * drop_scale, 0.0).to(do.dtype)), do, dv)
+            dp = tl.where(keep, dp * drop_scale, 0.0)
+        else:
+            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
+        ds = (p * (dp - delta[:, None])).to(q.dtype)
+        dk = tl.dot(tl.trans(ds), q, dk)
     else:
-        dv = tl.dot(pT.to(do.dtype), do, dv)
-    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
-    dk = tl.dot(dsT, q, dk)
-    return dk, dv, dsT
+        pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])
+        if MASK_CAUSAL:
+            pT = tl.where(cols[:, None] <= rows[None, :] + diag_offset, pT, 0.0)
+        dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
+        if HAS_DROPOUT:
+            # Draw in the (query, key) orientation, then transpose (as int8: a layout shuffle through shared
+            # memory, cheaper than drawing in this orientation, where one call's eight scores span threads).
+            keep = dropout_keep_tile(seed, bh, rows, tl.min(cols, 0), drop_thresh, cols.shape[0])
+            keepT = tl.trans(keep.to(tl.int8)) != 0
+            dv = tl.dot(tl.where(keepT, pT * drop_scale, 0.0).to(do.dtype), do, dv)
+            dpT = tl.where(keepT, dpT * drop_scale, 0.0)
+        else:
+            dv = tl.dot(pT.to(do.dtype), do, dv)
+        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        dk = tl.dot(dsT, q, dk)
+        ds = tl.trans(dsT)
+    return dk, dv, ds
 
 
 @triton.jit
-def _add_dq(DQA, dq_desc, dsT, k, row0, start_m, h, offs_m, offs_d, seqlen_q, nheads, HEAD_DIM: tl.constexpr,
+def _add_dq(DQA, dq_desc, ds, k, row0, start_m, h, offs_m, offs_d, seqlen_q, nheads, HEAD_DIM: tl.constexpr,
             DQ_TMA: tl.constexpr):
     """The fused backward's dQ: dS K of one (query tile, key tile) pair added to the float32 buffer DQA, laid out
     (rows, nheads * HEAD_DIM), rows = this sequence's from row0. With DQ_TMA one bulk reduce (sm_90); else element-
     wise atomics (the interpreter, which has no descriptor reduce). The TMA tile may reach into the next sequence's
     rows or the next head's columns (padded head dims): what it adds there is exactly zero."""
-    dq = tl.dot(tl.trans(dsT), k)
+    dq = tl.dot(ds, k)
     if DQ_TMA:
         dq_desc.atomic_add([row0 + start_m, h * HEAD_DIM], dq)
     else:
@@ -640,17 +659,17 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, c
         lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
         for start_m in range(lo, mid, BLOCK_M):
-            dk, dv, dsT = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+            dk, dv, ds = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                      start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh, drop_thresh,
                                      drop_scale, HEAD_DIM, BLOCK_D, True, HAS_DROPOUT, True)
             if FUSED_DQ:
-                _add_dq(DQA, dq_desc, dsT, k, row0, start_m, h, offs_m, offs_d, seqlen_q, nheads, HEAD_DIM, DQ_TMA)
+                _add_dq(DQA, dq_desc, ds, k, row0, start_m, h, offs_m, offs_d, seqlen_q, nheads, HEAD_DIM, DQ_TMA)
         for start_m in range(mid, seqlen_q, BLOCK_M):
-            dk, dv, dsT = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+            dk, dv, ds = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
                                      start_m, offs_m, cols, offs_d, seqlen_q, diag, qk_scale, seed, bh, drop_thresh,
                                      drop_scale, HEAD_DIM, BLOCK_D, False, HAS_DROPOUT, True)
             if FUSED_DQ:
-                _add_dq(DQA, dq_desc, dsT, k, row0, start_m, h, offs_m, offs_d, seqlen_q, nheads, HEAD_DIM, DQ_TMA)
+                _add_dq(DQA, dq_desc, ds, k, row0, start_m, h, offs_m, offs_d, seqlen_q, nheads, HEAD_DIM, DQ_TMA)
     dk = dk * sm_scale
     row_ok = cols[:, None] < seqlen_k
     if HEAD_DIM != BLOCK_D:
@@ -740,6 +759,9 @@ _FWD_SHAPES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8,
                (64, 32, 4, 4)]
 _DKDV_SHAPES = [(32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (32, 64, 4, 4), (64, 64, 4, 3),
                 (16, 64, 4, 4), (32, 128, 8, 2), (64, 64, 8, 2)]  # the last two: no / least spills at hd 128
+# (64, 64, 4, 3) is the queries-as-rows pick at GPT-2's shape (0.78x the keys-as-rows tile's dK/dV time with dropout,
+# results/attention/dkdv_natural/ab_h100.txt); (128, 64, 8, 2), spill-free in that form, lost there to it at every
+# shape measured (1.5-1.6x its time), so only the fused kernel's list has it.
 _DQ_SHAPES = [(128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 32, 4, 4),
               (64, 16, 4, 4)]
 # The warp-specialised forward (WARP_SPEC, head dim 128, sm_90): 2 stages only, since every 3-stage WS config
@@ -800,10 +822,11 @@ _fwd_ws_tuned = _autotuned(_fwd_kernel, _fwd_configs() + _configs(_FWD_WS_SHAPES
 _dkdv_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_DKDV_SHAPES))
 # The fused backward's dK/dV(+dQ) kernel: the configs of the one-kernel A/B (results/attention/tma_dq/, head dims
 # 16-64), then three that spill least in this integrated form (sm_90 compile, results/attention/fused_bwd/; the
-# two non-spilling 16-row tiles at head dim 64 were never picked there); its tuning runs must start from a zero
-# dQ buffer each time.
+# two non-spilling 16-row tiles at head dim 64 were never picked there), and (128, 64, 8, 2), spill-free in the
+# queries-as-rows form with ~45 thread-instructions a score at head dim 64 (results/attention/dkdv_natural/
+# probe.txt); its tuning runs must start from a zero dQ buffer each time.
 _FUSED_SHAPES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2), (64, 64, 8, 2),
-                 (64, 64, 8, 3), (32, 64, 4, 3)]
+                 (64, 64, 8, 3), (32, 64, 4, 3), (128, 64, 8, 2)]
 _fused_tuned = _autotuned(_bwd_dkdv_kernel, _configs(_FUSED_SHAPES), reset_to_zero=["DQA"])
 _dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 
@@ -817,9 +840,12 @@ _dq_tuned = _autotuned(_bwd_dq_kernel, _configs(_DQ_SHAPES))
 # "fwd_ws" (head dim 128 only): the warp-specialised forward's config, used where `_fwd_kind` picks it: non-
 # causal only, where the A/B measured 1.18x / 1.20x the autotuned forward at 4K / 1K tokens. Causal keeps
 # "fwd": its WS loop masks every tile element-wise (see _fwd_ws), which no measurement has priced yet.
+# "dkdv" at head dims up to 64 since the queries-as-rows dK/dV form: (64, 64, 4, 3), the fastest fixed tile of the
+# A/B at GPT-2's shape, dropout 0 and 0.1 (results/attention/dkdv_natural/ab_h100.txt; 0.78x the keys-as-rows
+# (32, 64, 4, 4) with dropout); the GPU tests at this default run that form, head dim 128's run the other.
 # "fused" (on by default for head dims up to 32): the autotuner's pick at both such shapes of the H100 A/B
 # (results/attention/fused_bwd/README.md).
-_DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 4), "dq": (64, 32, 4, 4), "fused": (128, 64, 4, 3)}
+_DEFAULT = {"fwd": (64, 64, 4, 3), "dkdv": (64, 64, 4, 3), "dq": (64, 32, 4, 4), "fused": (128, 64, 4, 3)}
 _DEFAULT_128 = {"fwd": (128, 64, 8, 3), "dkdv": (32, 128, 8, 2), "dq": (128, 64, 8, 3), "fwd_ws": _FWD_WS_SHAPES[0]}
 _DEFAULT_WIDE = {"fwd": (64, 64, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}  # head dim 256
 

@@ -182,6 +182,26 @@ def test_varlen_different_q_and_k_lengths(device):
         torch.testing.assert_close(out[sq].double(), ref[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_dkdv_tile_orientations_agree(causal, device, monkeypatch):
+    """The dK/dV tile is computed as S = Q K^T when it has at least as many queries as keys, else as S^T
+    (kernels/flash.py `_dkdv_tile`). The interpreter's 16 x 16 tiles take the first form; 16 x 32 takes the
+    second. Both must match the reference and each other, dropout included (the mask is drawn in one layout and
+    transposed in the other)."""
+    if device != "cpu":
+        pytest.skip("sets the interpreter's tile; the GPU picks tiles of both shapes among its configs")
+    b, n, h, d, p = 1, 45, 2, 32, 0.3
+    q, k, v = _inputs(b, n, n, h, 1, d, torch.float32, device)
+    torch.manual_seed(7)
+    mask = dropout_keep_mask(draw_dropout_seed(device), b, h, n, n, p)
+    grads = {}
+    for block_n in (16, 32):
+        monkeypatch.setitem(fl._INTERP_BLOCK, "BLOCK_N", block_n)
+        _, grads[block_n] = check_against_reference(q, k, v, causal=causal, dropout_mask=mask, dropout_p=p, seed=7)
+    for name, a, b_ in zip("qkv", grads[16], grads[32]):
+        torch.testing.assert_close(a, b_, atol=1e-5, rtol=0, msg=name)
+
+
 def test_dropout_matches_reference_with_kernel_mask(device):
     b, n, h, d, p = 2, 45, 2, 32, 0.3
     q, k, v = _inputs(b, n, n, h, 1, d, torch.float32, device)

@@ -1,4 +1,4 @@
-"""GPU A/B, prepared in session 29 (no device time left), not yet run: the dK/dV kernel in the scores' own
+"""GPU A/B, prepared in session 29, run in session 31 (ab_h100.txt): the dK/dV kernel in the scores' own
 orientation (probe.py's `natural_tile`) against the shipped one, at GPT-2 small's attention shape (16 x 1024, 12
 heads of 64, causal) and a BERT-like one (32 x 512, 16 heads of 64, non-causal), dropout 0 and 0.1; and, timing
 only, the natural orientation with 8-bit mask values (`natural8`: 16 scores a Philox call, p quantised to 1/256,
@@ -26,6 +26,9 @@ on. The errors must match the shipped kernel's (bf16 rounding).
 
     python results/attention/dkdv_natural/ab.py          # GPU (sm_90), a few minutes
     python results/attention/dkdv_natural/ab.py --dry    # CPU plumbing check under TRITON_INTERPRET=1 (tiny shape)
+
+Measured before the change shipped (session 31; see README.md): there "shipped" is the keys-as-rows form
+everywhere. From that commit on, `_dkdv_tile` picks the form by tile shape, so "shipped" here means that.
 """
 import json
 import os

@@ -15,6 +15,9 @@ registers, spills, shared memory and the opcodes that move data through shared m
 
     TRITON_INTERPRET=0 python results/attention/dkdv_natural/probe.py <variant> <stream> [kind]   # one, JSON
     python results/attention/dkdv_natural/probe.py [dkdv] [fused]                          # the tables
+
+Measured before the change shipped (session 31; see README.md): there "shipped" is the keys-as-rows form
+everywhere. From that commit on, `_dkdv_tile` picks the form by tile shape, so "shipped" here means that.
 """
 import json
 import os

@@ -1,12 +1,15 @@
 """Compile-only (sm_90, on the CPU machine): does the natural orientation spill at the other head dims?
 
-probe.py measured head dim 64, where the natural tile is spill-free at 64-128-query tiles. integrate.patch changes
-`_dkdv_tile` for every head dim (and for kernels/blocksparse.py through `bwd_dkdv_block_step`), so this compiles
+probe.py measured head dim 64, where the natural tile is spill-free at 64-128-query tiles. The change (then a patch)
+rewrites `_dkdv_tile` for every head dim (and for kernels/blocksparse.py through `bwd_dkdv_block_step`), so this compiles
 `_bwd_dkdv_kernel` at head dims 32, 128 and 256 over the dK/dV candidates the autotuner keeps there
 (`tuning_shapes("dkdv", d)` after `_prune`'s rule) and the FLASH_AUTOTUNE=0 config, both orientations, causal,
 dropout off and on: registers, spill bytes and static SASS instruction count (every instruction once).
 
     python results/attention/dkdv_natural/probe_hd.py > results/attention/dkdv_natural/probe_hd.txt
+
+Measured before the change shipped (session 31; see README.md): there "shipped" is the keys-as-rows form
+everywhere. From that commit on, `_dkdv_tile` picks the form by tile shape, so "shipped" here means that.
 """
 import json
 import os
@@ -24,7 +27,7 @@ HEAD_DIMS = (32, 128, 256)
 
 
 def candidates(d: int) -> list[tuple[int, int, int, int]]:
-    """The dK/dV configs the autotuner tries at head dim d with integrate.patch (which adds (128, 64, 8, 2)), as
+    """The dK/dV configs the autotuner tries at head dim d with the session-30 patch (which added (128, 64, 8, 2)), as
     `_prune` keeps them, then the fixed one."""
     shapes = [s for s in F.tuning_shapes("dkdv", d) + [(128, 64, 8, 2)] if d <= 128 or s[0] * s[1] <= 64 * 64]
     fixed = F.fallback_configs(d)["dkdv"]
