@@ -62,6 +62,7 @@ from kernels.flash import (
     _PER_BATCH_INTS,
     _strides,
     _varlen_max,
+    aligned_lse_strides,
     bwd_dkdv_block_step,
     bwd_dq_block_step,
     bwd_preprocess,
@@ -71,6 +72,7 @@ from kernels.flash import (
     fwd_finalize,
     load_row_stats,
     load_tile,
+    lse_aligned,
     lse_shape,
     lse_strides,
     problem_sizes,
@@ -416,7 +418,7 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr,
                    HAS_DROPOUT: tl.constexpr, ROLE: tl.constexpr, VARLEN: tl.constexpr,
-                   COL_WIDTH: tl.constexpr, ROW_WIDTH: tl.constexpr):
+                   COL_WIDTH: tl.constexpr, ROW_WIDTH: tl.constexpr, LSE_ALIGNED: tl.constexpr):
     """Backward programs; axis 1 is batch * key/value heads. ROLE 1: program pid computes dK/dV of key
     tile pid (tiles BLOCK_M1 x BLOCK_N1). ROLE 2: program pid computes dQ of query tile pid % n_q_tiles
     of the group's query head pid // n_q_tiles (tiles BLOCK_M2 x BLOCK_N2). ROLE 0: both in one launch,
@@ -428,6 +430,7 @@ def _bs_bwd_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, SEED,
     b = bhk // nheads_k
     hk = bhk % nheads_k
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
+    stride_lb, stride_lh = aligned_lse_strides(stride_lb, stride_lh, LSE_ALIGNED)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
@@ -600,7 +603,7 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
     consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2, BLOCK_N2=bn2,
                   CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen,
                   COL_WIDTH=_width(col_idx) if varlen else 16, ROW_WIDTH=_width(row_idx) if varlen else 16,
-                  num_warps=warps, num_stages=stages)
+                  LSE_ALIGNED=lse_aligned(slb, slh, varlen), num_warps=warps, num_stages=stages)
     bhk = batch * nheads_k
     if _bwd_mode(d) == "fused":
         launch(_bs_bwd_kernel, (n_kv_tiles + group * n_q_tiles, bhk), args, dict(consts, ROLE=0))

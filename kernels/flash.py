@@ -510,9 +510,22 @@ def _fwd_ws(Q, K, V, cu_seqlens_q, cu_seqlens_k, b, h, group, nheads, q_start, s
 # Triton compiles one variant per divisibility-by-16 class of each integer argument. For packed
 # (varlen) batches the LSE and delta strides are the batch's token count, which changes every batch,
 # so specialising on them compiled a second variant of every kernel in the middle of training (seconds
-# each). They only address LSE / delta rows, where the alignment hint buys nothing measurable. The
-# varlen maxima are rounded up to a multiple of 16 by the launchers instead (see `_varlen_max`).
+# each). The dK/dV loops, which load LSE / delta rows every iteration, get the hint back as a constexpr where
+# the LSE is dense (`aligned_lse_strides`). The varlen maxima are rounded up to a multiple of 16 by the
+# launchers instead (see `_varlen_max`).
 _PER_BATCH_INTS = ["stride_lb", "stride_lh"]
+
+
+@triton.jit
+def aligned_lse_strides(stride_lb, stride_lh, LSE_ALIGNED: tl.constexpr):
+    """The LSE / delta strides, with their alignment restored as a compile-time fact where the host found them
+    multiples of 16 (`lse_aligned`). Not specialising them (above) cost the dK/dV loops, which load LSE and delta
+    rows every iteration, their 8-byte copies: 4-byte ones instead, twice as many (sm_90 compile as launched,
+    block-sparse head dim 128: 24 -> 40 copies a loop iteration, forward+backward ~5% slower than before)."""
+    if LSE_ALIGNED:
+        stride_lb = (stride_lb // 16) * 16
+        stride_lh = (stride_lh // 16) * 16
+    return stride_lb, stride_lh
 
 
 @triton.jit(do_not_specialize=_PER_BATCH_INTS)
@@ -609,7 +622,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, c
                      dqa_rows, TUNE_Q, TUNE_K,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                     FUSED_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False, GQA: tl.constexpr = True):
+                     FUSED_DQ: tl.constexpr = False, DQ_TMA: tl.constexpr = False, GQA: tl.constexpr = True,
+                     LSE_ALIGNED: tl.constexpr = False):
     # FUSED_DQ: also add each tile pair's dQ to DQA (float32, (dqa_rows, nheads * HEAD_DIM)), so no dQ kernel runs
     # and the dropout mask is drawn once (see `_fused_bwd`); without it DQA and dqa_rows are unused.
     # GQA: several query heads share this key/value head (group > 1), so loop over them. Without it the loop has a
@@ -624,6 +638,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, c
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(cu_seqlens_q, cu_seqlens_k, b, seqlen_q, seqlen_k, VARLEN)
     if start_n >= seqlen_k:
         return
+    stride_lb, stride_lh = aligned_lse_strides(stride_lb, stride_lh, LSE_ALIGNED)
     b64 = b.to(tl.int64)
     cols = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -1061,6 +1076,12 @@ def lse_strides(lse, varlen: bool) -> tuple[int, int]:
     return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
 
 
+def lse_aligned(slb: int, slh: int, varlen: bool) -> bool:
+    """LSE_ALIGNED of the backward kernels (`aligned_lse_strides`): a dense LSE whose strides are multiples of 16.
+    Never for varlen, whose head stride is the batch's token count: a new packed batch must compile nothing."""
+    return not varlen and slb % 16 == 0 and slh % 16 == 0
+
+
 # Warp specialisation (the forward's `_fwd_ws`): Triton 3.6's `tl.range(..., warp_specialize=True)` on sm_90.
 _WS_TRITON = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 6)
 
@@ -1281,6 +1302,7 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
                   HAS_DROPOUT=dropout_p > 0)
     tune = (_bucket(max_q), _bucket(max_k))
     dkdv_strides = (*_strides(dk, varlen), *_strides(dv, varlen), slb, slh)
+    dkdv_consts = dict(consts, GQA=group > 1, LSE_ALIGNED=lse_aligned(slb, slh, varlen))
     if _fused_bwd(q, dropout_p, consts["BLOCK_D"]):
         rows = q.shape[0] * (1 if varlen else q.shape[1])
         dqa = torch.zeros(rows, nheads * headdim, dtype=torch.float32, device=q.device)
@@ -1289,11 +1311,11 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
             _ensure_tma_allocator()
         _launch("fused", _bwd_dkdv_kernel, _fused_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
                 (q, k, v, do, dk, dv, dqa, lse, delta, seed, *common, *dkdv_strides, rows, *tune),
-                dict(consts, FUSED_DQ=True, DQ_TMA=tma, GQA=group > 1), (q.dtype, do.dtype, dk.dtype))
+                dict(dkdv_consts, FUSED_DQ=True, DQ_TMA=tma), (q.dtype, do.dtype, dk.dtype))
         torch.mul(dqa.view(q.shape), softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
         return dq, dk, dv
     _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
-            (q, k, v, do, dk, dv, dk, lse, delta, seed, *common, *dkdv_strides, 0, *tune), dict(consts, GQA=group > 1),
+            (q, k, v, do, dk, dv, dk, lse, delta, seed, *common, *dkdv_strides, 0, *tune), dkdv_consts,
             (q.dtype, do.dtype, dk.dtype))
     _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
             (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune),

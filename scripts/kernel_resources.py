@@ -60,8 +60,10 @@ def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False, 
             sig[a] = _TYPES[a]
         else:
             sig[a] = "*bf16" if a in _TENSORS else ("fp32" if a in _FLOATS else "i32")
+    # ...except those the kernel keeps unspecialised (`do_not_specialize`): the launch never marks them either
+    unspecialised = {p.name for p in jitfn.params if p.do_not_specialize}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
-             if sig[a].startswith("*") or a.startswith(_DIVISIBLE)}
+             if sig[a].startswith("*") or (a.startswith(_DIVISIBLE) and a not in unspecialised)}
     source = ASTSource
     if jitfn.is_gluon():  # Gluon kernels (results/attention/gluon_*/) compile from their own source type
         from triton.experimental.gluon._runtime import GluonASTSource as source

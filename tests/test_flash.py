@@ -202,6 +202,40 @@ def test_dkdv_tile_orientations_agree(causal, device, monkeypatch):
         torch.testing.assert_close(a, b_, atol=1e-5, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("n, varlen, aligned", [(32, False, True), (40, False, False), (32, True, False)])
+def test_dkdv_lse_alignment_hint(n, varlen, aligned, device, monkeypatch):
+    """The dK/dV kernel is told its LSE strides are multiples of 16 (LSE_ALIGNED: 8-byte LSE / delta copies, see
+    `aligned_lse_strides`) exactly when they are: a dense LSE of 16-multiple rows, never varlen, whose head
+    stride is the batch's token count (a new packed batch must compile nothing). The gradients stay exact."""
+    seen = []
+    launch = fl._launch
+
+    def spy(kind, raw, tuned, grid_of, args, consts, dtypes=()):
+        if kind in ("dkdv", "fused"):
+            seen.append(consts["LSE_ALIGNED"])
+        return launch(kind, raw, tuned, grid_of, args, consts, dtypes)
+
+    monkeypatch.setattr(fl, "_launch", spy)
+    monkeypatch.setattr(fl, "_gluon_bwd_unsupported", lambda *a, **kw: "test: the Triton kernels")
+    q, k, v = _inputs(2, n, n, 2, 2, 32, torch.float32, device)
+    if varlen:  # two sequences of 20 and 12 tokens: 32 packed, a multiple of 16 that must not count
+        cu = torch.tensor([0, 20, 32], dtype=torch.int32, device=device)
+        pack = lambda t: t.detach()[0].clone().requires_grad_()  # noqa: E731
+        q, k, v = pack(q), pack(k), pack(v)
+        out = flash_attn_varlen_func(q, k, v, cu, cu, 20, 20, causal=True)
+        ref = torch.cat([standard_attention(*(t[None, a:b_].double() for t in (q, k, v)), causal=True)[0]
+                         for a, b_ in ((0, 20), (20, 32))])
+    else:
+        out = flash_attn_func(q, k, v, causal=True)
+        ref = standard_attention(q.double(), k.double(), v.double(), causal=True)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+    assert seen == [aligned]
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double(), r.double(), atol=1e-4, rtol=1e-4)
+
+
 def test_dropout_matches_reference_with_kernel_mask(device):
     b, n, h, d, p = 2, 45, 2, 32, 0.3
     q, k, v = _inputs(b, n, n, h, 1, d, torch.float32, device)
