@@ -71,3 +71,16 @@ def test_dkdv_without_grouped_heads_has_no_runtime_head_loop():
     grouped = _compile_sm90("_bwd_dkdv_kernel", dict(consts, GQA=True), 4, 4)
     single = _compile_sm90("_bwd_dkdv_kernel", dict(consts, GQA=False), 4, 4)
     assert single["stack"] == 0 and single["regs"] + 16 <= grouped["regs"], (single, grouped)
+
+
+@needs_cuobjdump
+def test_lse_alignment_reaches_the_compiled_dkdv_loop():
+    """The LSE strides are `do_not_specialize` (packed batches must not recompile), so a launch compiles them
+    without the 16-divisibility fact, and so must this tool; LSE_ALIGNED gives the fact back, which turns the dK/dV
+    loop's 4-byte LSE / delta copies into 8-byte ones: fewer LDGSTS (results/attention/lse_align/). Equal counts
+    would mean the tool marks the strides aligned itself (hiding what a launch compiles) or the hint is lost."""
+    consts = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=32, BLOCK_N=128, IS_CAUSAL=False, VARLEN=False, HAS_DROPOUT=False,
+                  GQA=False)
+    plain = _compile_sm90("_bwd_dkdv_kernel", dict(consts, LSE_ALIGNED=False), 4, 3)
+    aligned = _compile_sm90("_bwd_dkdv_kernel", dict(consts, LSE_ALIGNED=True), 4, 3)
+    assert aligned["ops"]["LDGSTS"] < plain["ops"]["LDGSTS"], (aligned["ops"]["LDGSTS"], plain["ops"]["LDGSTS"])
