@@ -41,11 +41,10 @@ def tensordesc(dtype: str, block: list[int], layout) -> str:
     return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
 
-def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False, types: dict | None = None) -> dict:
-    """{"regs", "stack", "smem" (bytes of shared memory, at most H100_SMEM_PER_BLOCK to launch)} of one launch config
-    of a @triton.jit or @gluon.jit kernel; types: signature types of arguments that the names do not tell (tensor
-    descriptors: `tensordesc`); with sass, also "ops": the cubin's SASS opcode counts (static:
-    every instruction of the kernel once, whether in a loop or not)."""
+def compile_sm90(jitfn, consts: dict, warps: int, stages: int, types: dict | None = None, options: dict | None = None):
+    """triton.compile of one launch config of a @triton.jit or @gluon.jit kernel for sm_90, arguments typed by
+    their names (types: those the names do not tell, e.g. `tensordesc`), pointers and the _DIVISIBLE integers
+    marked 16-divisible as a launch marks them; options: extra compile options (e.g. maxnreg)."""
     names = jitfn.arg_names
     # constexpr parameters left at their defaults (FUSED_DQ, DQ_TMA, REVERSE...) must be constants here too, as
     # the launcher makes them: typed as runtime ints, an `if` on one compiles both branches
@@ -60,7 +59,7 @@ def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False, 
             sig[a] = _TYPES[a]
         else:
             sig[a] = "*bf16" if a in _TENSORS else ("fp32" if a in _FLOATS else "i32")
-    # ...except those the kernel keeps unspecialised (`do_not_specialize`): the launch never marks them either
+    # Integers the kernel keeps unspecialised (`do_not_specialize`) are never marked at launch either
     unspecialised = {p.name for p in jitfn.params if p.do_not_specialize}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
              if sig[a].startswith("*") or (a.startswith(_DIVISIBLE) and a not in unspecialised)}
@@ -68,8 +67,15 @@ def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False, 
     if jitfn.is_gluon():  # Gluon kernels (results/attention/gluon_*/) compile from their own source type
         from triton.experimental.gluon._runtime import GluonASTSource as source
     src = source(fn=jitfn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps, "num_stages": stages})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages, **(options or {})})
+
+
+def resources(jitfn, consts: dict, warps: int, stages: int, sass: bool = False, types: dict | None = None) -> dict:
+    """{"regs", "stack", "smem" (bytes of shared memory, at most H100_SMEM_PER_BLOCK to launch)} of one launch config
+    of a @triton.jit or @gluon.jit kernel (`compile_sm90`); with sass, also "ops": the cubin's SASS opcode counts
+    (static: every instruction of the kernel once, whether in a loop or not)."""
+    compiled = compile_sm90(jitfn, consts, warps, stages, types)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])

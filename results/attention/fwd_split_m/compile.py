@@ -9,28 +9,11 @@ Run from the repo root; the asm goes to /tmp/fwd_split_m_probe/<tag>_<config>/.
 import os, re, sys, subprocess, tempfile, json, importlib.util, argparse
 from collections import Counter
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 sys.path.insert(0, "scripts")
 sys.path.insert(0, ".")
 import kernel_resources as KR
 
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-
-def compile_(jitfn, consts, warps, stages, extra_opts=None):
-    names = jitfn.arg_names
-    consts = {**{p.name: p.default for p in jitfn.params if p.is_constexpr and p.has_default}, **consts}
-    sig = {}
-    for a in names:
-        if a in consts: sig[a] = "constexpr"
-        elif a in KR._TYPES: sig[a] = KR._TYPES[a]
-        else: sig[a] = "*bf16" if a in KR._TENSORS else ("fp32" if a in KR._FLOATS else "i32")
-    unspec = {p.name for p in jitfn.params if p.do_not_specialize}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
-             if sig[a].startswith("*") or (a.startswith(KR._DIVISIBLE) and a not in unspec)}
-    src = ASTSource(fn=jitfn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    opts = {"num_warps": warps, "num_stages": stages, **(extra_opts or {})}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 def sass_stats(cubin):
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -85,7 +68,7 @@ if __name__ == "__main__":
         m, n, w, s = map(int, cfg.split(","))
         consts = dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_M=m, BLOCK_N=n, IS_CAUSAL=False, VARLEN=False, HAS_DROPOUT=False, **json.loads(a.consts))
         extra = {"maxnreg": a.maxnreg} if a.maxnreg else None
-        c = compile_(fn, {k: v for k, v in consts.items() if k in fn.arg_names}, w, s, extra)
+        c = KR.compile_sm90(fn, {k: v for k, v in consts.items() if k in fn.arg_names}, w, s, options=extra)
         st, sass = sass_stats(c.asm["cubin"])
         d = f"/tmp/fwd_split_m_probe/{a.tag}_{m}_{n}_{w}_{s}"
         os.makedirs(d, exist_ok=True)
