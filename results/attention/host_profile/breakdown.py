@@ -4,7 +4,9 @@ cProfile roughly doubles the cost of Python-heavy code, so this times each piece
 so small that the GPU is never the bottleneck (scripts/bench_host_overhead.py's: batch 1, 128 tokens, 4 heads of 64,
 bf16), and prints microseconds per call. Needs a GPU.
 
-    python results/attention/host_profile/breakdown.py
+    python results/attention/host_profile/breakdown.py                   # --profile: also a torch.profiler table
+    python results/attention/host_profile/breakdown.py --engine-threads  # the backward rows, then again with
+                                                                         # autograd's multithreading off
 """
 import sys
 from pathlib import Path
@@ -92,6 +94,18 @@ def main():
         lambda: torch.autograd.grad(flash.flash_attn_func(q, k, v), (q, k, v), do))
     rows["sdpa fwd + autograd.grad(out, (q, k, v), do)"] = (
         lambda: torch.autograd.grad(F.scaled_dot_product_attention(qh, kh, vh), (qh, kh, vh), do.transpose(1, 2)))
+    if "--engine-threads" in sys.argv:
+        # The same backward rows on the calling thread: autograd otherwise hands CUDA work to a device thread of its own.
+        backward_rows = [name for name in rows if "bwd" in name or "backward" in name or "grad" in name]
+        rows = {name: rows[name] for name in backward_rows}
+
+        def on_calling_thread(fn):
+            def call():
+                with torch.autograd.set_multithreading_enabled(False):
+                    fn()
+            return call
+
+        rows.update({name + ", on the calling thread": on_calling_thread(rows[name]) for name in backward_rows})
     for name, fn in rows.items():
         print(f"{host_us(fn, calls=300, repeats=7):8.1f} us  {name}", flush=True)
     if "--profile" in sys.argv:
