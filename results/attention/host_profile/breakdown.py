@@ -7,6 +7,7 @@ bf16), and prints microseconds per call. Needs a GPU.
     python results/attention/host_profile/breakdown.py                   # --profile: also a torch.profiler table
     python results/attention/host_profile/breakdown.py --engine-threads  # the backward rows, then again with
                                                                          # autograd's multithreading off
+    python results/attention/host_profile/breakdown.py --engine-threads --profile-threads  # and a profile of each
 """
 import sys
 from pathlib import Path
@@ -94,6 +95,7 @@ def main():
         lambda: torch.autograd.grad(flash.flash_attn_func(q, k, v), (q, k, v), do))
     rows["sdpa fwd + autograd.grad(out, (q, k, v), do)"] = (
         lambda: torch.autograd.grad(F.scaled_dot_product_attention(qh, kh, vh), (qh, kh, vh), do.transpose(1, 2)))
+    rows_all = dict(rows)
     if "--engine-threads" in sys.argv:
         # The same backward rows on the calling thread: autograd otherwise hands CUDA work to a device thread of its own.
         backward_rows = [name for name in rows if "bwd" in name or "backward" in name or "grad" in name]
@@ -108,6 +110,20 @@ def main():
         rows.update({name + ", on the calling thread": on_calling_thread(rows[name]) for name in backward_rows})
     for name, fn in rows.items():
         print(f"{host_us(fn, calls=300, repeats=7):8.1f} us  {name}", flush=True)
+    if "--profile-threads" in sys.argv:
+        from torch.profiler import ProfilerActivity, profile
+        grad_row = rows_all["ours fwd + autograd.grad(out, (q, k, v), do)"]
+        for label, multithreaded in (("autograd's device thread", True), ("the calling thread", False)):
+            with torch.autograd.set_multithreading_enabled(multithreaded):
+                for _ in range(20):
+                    grad_row()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    for _ in range(100):
+                        grad_row()
+                    torch.cuda.synchronize()
+            print(f"\n## torch.profiler, 100 x ours fwd + autograd.grad, backward on {label}")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
     if "--profile" in sys.argv:
         from torch.profiler import ProfilerActivity, profile
         fn = rows["ours fwd+bwd (flash_attn_func, out.sum().backward())"]
