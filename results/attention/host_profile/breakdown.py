@@ -23,6 +23,21 @@ from kernels import flash  # noqa: E402
 from kernels.launch import launch  # noqa: E402
 
 
+def identity_with(work):
+    """An autograd Function that passes its input through and runs work() in its backward."""
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            work()
+            return g
+
+    return Identity
+
+
 def main():
     dev, dt = "cuda", torch.bfloat16
     q, k, v = (torch.randn(B, N, H, D, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
@@ -32,14 +47,9 @@ def main():
     do = torch.randn_like(o)
     do_expanded = torch.ones((), device=dev, dtype=dt).expand(o.shape)
 
-    class Identity(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.view_as(x)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g
+    Identity = identity_with(lambda: None)
+    BwdOnDeviceThread = identity_with(
+        lambda: flash._flash_bwd(do, q, k, v, o, lse, seed, scale, False, 0.0, False, None, None, N, N))
 
     rows = {
         "ours fwd+bwd (flash_attn_func, out.sum().backward())":
@@ -77,16 +87,6 @@ def main():
         pass
 
     rows["empty 45-argument kernel via kernels.launch"] = lambda: launch(_nothing45, (1,), many, {})
-    class BwdOnDeviceThread(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.view_as(x)
-
-        @staticmethod
-        def backward(ctx, g):
-            flash._flash_bwd(do, q, k, v, o, lse, seed, scale, False, 0.0, False, None, None, N, N)
-            return g
-
     rows["Identity whose backward runs _flash_bwd"] = lambda: BwdOnDeviceThread.apply(q).sum().backward()
     x = q.detach().clone().requires_grad_()
     rows["Identity on a tensor whose .grad stays None (autograd.grad)"] = (
