@@ -993,9 +993,8 @@ def _lastdim_contig(x: torch.Tensor) -> torch.Tensor:
 
 def _strides(x: torch.Tensor, varlen: bool):
     """(batch, seq, head) strides; varlen tensors have no batch dim (its stride is unused: 0)."""
-    if varlen:
-        return 0, x.stride(0), x.stride(1)
-    return x.stride(0), x.stride(1), x.stride(2)
+    s = x.stride()  # one call: each stride(i) is a separate trip into C++
+    return (0, s[0], s[1]) if varlen else s[:3]
 
 
 def _block_d(headdim: int) -> int:
