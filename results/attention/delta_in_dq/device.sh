@@ -1,5 +1,5 @@
 #!/bin/bash
-# delta_in_dq on one H100, one call (~5 minutes), from the repo root; outputs packed into $OUT/delta_in_dq.tgz.
+# delta_in_dq on one H100, one call (~6-8 minutes), from the repo root; outputs packed into $OUT/delta_in_dq.tgz.
 #   bash results/attention/delta_in_dq/device.sh
 # 1. The GPU kernel tests with the patch (FLASH_AUTOTUNE=0), 2. the A/B: ab.py without / with the patch, alternating,
 # two rounds each (autotuned; the first round of each also tunes), 3. host_profile/breakdown.py without / with.
@@ -10,7 +10,8 @@ W=/tmp/delta_in_dq
 mkdir -p $W
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $W/gpu.txt
 git apply $D/delta_in_dq.patch || exit 1
-FLASH_AUTOTUNE=0 timeout 200 python -m pytest -q -m gpu tests/test_flash.py tests/test_padding.py 2>&1 | tail -15 \
+FLASH_AUTOTUNE=0 timeout 250 python -m pytest -q -m gpu tests/test_flash.py tests/test_blocksparse.py tests/test_compile.py \
+  tests/test_padding.py 2>&1 | tail -15 \
   | tee $W/gpu_tests.txt
 git apply -R $D/delta_in_dq.patch
 for round in 1 2; do
