@@ -68,7 +68,6 @@ def main():
                                                                        False),
         "torch.empty(q.shape)": lambda: torch.empty(q.shape, dtype=dt, device=dev),
         "do_expanded.contiguous()": lambda: do_expanded.contiguous(),
-        "empty kernel launch via kernels.launch": None,
     }
     import triton
 
@@ -111,31 +110,31 @@ def main():
     for name, fn in rows.items():
         print(f"{host_us(fn, calls=300, repeats=7):8.1f} us  {name}", flush=True)
     if "--profile-threads" in sys.argv:
-        from torch.profiler import ProfilerActivity, profile
         grad_row = rows_all["ours fwd + autograd.grad(out, (q, k, v), do)"]
         for label, multithreaded in (("autograd's device thread", True), ("the calling thread", False)):
             with torch.autograd.set_multithreading_enabled(multithreaded):
-                for _ in range(20):
-                    grad_row()
-                torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CPU]) as prof:
-                    for _ in range(100):
-                        grad_row()
-                    torch.cuda.synchronize()
+                stats = profiled(grad_row, 100, cuda=False)
             print(f"\n## torch.profiler, 100 x ours fwd + autograd.grad, backward on {label}")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+            print(stats.table(sort_by="self_cpu_time_total", row_limit=18))
     if "--profile" in sys.argv:
-        from torch.profiler import ProfilerActivity, profile
-        fn = rows["ours fwd+bwd (flash_attn_func, out.sum().backward())"]
-        for _ in range(20):
+        stats = profiled(rows_all["ours fwd+bwd (flash_attn_func, out.sum().backward())"], 50, cuda=True)
+        print(stats.table(sort_by="self_cpu_time_total", row_limit=30))
+        print(stats.table(sort_by="self_cuda_time_total", row_limit=12))
+
+
+def profiled(fn, iters: int, cuda: bool):
+    """torch.profiler's per-op averages over `iters` calls of fn, after 20 untimed ones; CPU activity, and CUDA's
+    with `cuda`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(50):
-                fn()
-            torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))
+    return prof.key_averages()
 
 
 if __name__ == "__main__":
