@@ -1,0 +1,3 @@
+set -u
+python scripts/compare_attention.py --attn standard-matched,flash --reuse --timeout 900 --name gpt2_parity_seeds_2 --out outputs/parity_seeds/2/table --runs-dir outputs/parity_seeds/2/runs experiment=gpt2/small-parity-quiet trainer=ddp trainer.devices=4 data.batch_size=16 data.num_workers=3 dropout_seed=2  > outputs/parity_seeds/2.log 2>&1
+python scripts/compare_attention.py --attn standard-matched,flash --reuse --timeout 900 --name gpt2_parity_seeds_3 --out outputs/parity_seeds/3/table --runs-dir outputs/parity_seeds/3/runs experiment=gpt2/small-parity-quiet trainer=ddp trainer.devices=4 data.batch_size=16 data.num_workers=3 dropout_seed=3  > outputs/parity_seeds/3.log 2>&1
