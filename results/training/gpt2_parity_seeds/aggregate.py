@@ -15,15 +15,21 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TRAINING = HERE.parent
 KINDS = ("standard-matched", "flash")
-REALISATIONS = {  # label -> (folder holding one sub-folder per kind, micro-batch a rank)
-    "recipe seed": (TRAINING / "gpt2_parity_quiet", 4),
-    "dropout_seed=2": (HERE / "seed2", 16),
-    "dropout_seed=3": (HERE / "seed3", 16),
-}
+# label -> (folder holding one sub-folder per kind, micro-batch a rank): session 30's run, then every seedS folder here
+# (device.sh with SEEDS="S ..." MICRO=16; copy each seed's tables, swap_eval and per-kind metrics into seedS/).
+REALISATIONS = {"recipe seed": (TRAINING / "gpt2_parity_quiet", 4)}
+REALISATIONS.update({f"dropout_seed={d.name[4:]}": (d, 16)
+                     for d in sorted(HERE.glob("seed*"), key=lambda d: int(d.name[4:])) if d.is_dir()})
 TOLERANCE = 0.01
 # Two-sided 95% quantiles of Student's t by degrees of freedom: with three realisations the standard error rests on
 # two degrees of freedom, so "two standard errors" would overstate what three runs can show.
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t_975(dof: int) -> float:
+    """The tabled quantile at the largest tabled degrees of freedom not above dof (conservative between rows)."""
+    return T_975[max(d for d in T_975 if d <= dof)]
 
 
 def val_ppl(metrics_csv):
@@ -70,19 +76,21 @@ def main():
     labels = list(curves)
     gaps = {lab: [curves[lab]["flash"][s] / curves[lab]["standard-matched"][s] - 1 for s in steps] for lab in labels}
     pooled = [mean_and_sem([gaps[lab][i] for lab in labels]) for i in range(len(steps))]
-    # Run-to-run spread of one kind with everything but the dropout masks equal: seeds 2 and 3 share micro-batch 16.
+    # Run-to-run spread of one kind with everything but the dropout masks equal: the largest ratio between the
+    # micro-batch-16 realisations at each evaluation.
     same_split = [lab for lab in labels if REALISATIONS[lab][1] == 16]
-    spread = {kind: [abs(curves[same_split[0]][kind][s] / curves[same_split[1]][kind][s] - 1) for s in steps]
-              for kind in KINDS}
+    spread = {kind: [max(curves[a][kind][s] for a in same_split) / min(curves[a][kind][s] for a in same_split) - 1
+                     for s in steps] for kind in KINDS}
     swaps = swap_gaps()
-    t = T_975[len(labels) - 1]
+    t = t_975(len(labels) - 1)
 
-    lines = ["# GPT-2 small quality parity over three dropout realisations (four H100s)", "",
+    lines = [f"# GPT-2 small quality parity over {len(labels)} dropout realisations (four H100s)", "",
              "Made by `python results/training/gpt2_parity_seeds/aggregate.py` from the runs in `gpt2_parity_seeds/` "
              "(see its README for hardware, versions and commands) and `gpt2_parity_quiet/`.", "",
              "Gap of flash's validation perplexity to standard-matched's, within each realisation (same init, data "
-             "order and dropout masks); the pooled column is the mean over the three and its standard error.", "",
-             "| step | " + " | ".join(labels) + " | pooled | standard-matched, seed 2 vs 3 | flash, seed 2 vs 3 |",
+             f"order and dropout masks); the pooled column is the mean over the {len(labels)} and its standard error. "
+             "The last two columns: one kind's spread over the micro-batch-16 realisations (largest / smallest - 1).", "",
+             "| step | " + " | ".join(labels) + " | pooled | standard-matched across seeds | flash across seeds |",
              "|---:|" + "---:|" * (len(labels) + 3)]
     for i, s in enumerate(steps):
         cells = [f"{gaps[lab][i]:+.2%}" for lab in labels]
@@ -97,7 +105,7 @@ def main():
               f"evaluations whose mean differs from zero at 95% (t, {len(labels) - 1} degrees of freedom, "
               f"|mean| > {t:.2f} s.e.): {sum(abs(m) > t * e for m, e in pooled)} of {len(steps)}; "
               f"largest |mean| / s.e. {max(abs(m) / e for m, e in pooled):.2f}.",
-              f"- Same kind, other dropout masks (seeds 2 and 3): standard-matched up to {max(spread['standard-matched']):.2%} "
+              f"- Same kind, other dropout masks ({', '.join(same_split)}; largest / smallest - 1): standard-matched up to {max(spread['standard-matched']):.2%} "
               f"apart, flash up to {max(spread['flash']):.2%}.",
               "- The same weights evaluated with each kind (swap_eval, every checkpoint of standard-matched's run): "
               + ", ".join(f"{lab} largest |gap| {g:.4%}" for lab, g in swaps.items()) + "."]
@@ -123,7 +131,7 @@ def plot(steps, labels, curves, gaps, pooled, spread, t):
     right.errorbar(steps, [100 * m for m, _ in pooled], yerr=[100 * t * e for _, e in pooled], color="black",
                    marker="s", capsize=3, label="pooled mean, 95% interval")
     right.plot(steps, [100 * x for x in spread["standard-matched"]], color="grey", linestyle=":",
-               label="|standard-matched seed 2 / seed 3 - 1|")
+               label="standard-matched across seeds (largest / smallest - 1)")
     right.axhspan(-100 * TOLERANCE, 100 * TOLERANCE, color="grey", alpha=0.15, label="±1% bar")
     right.axhline(0, color="black", linewidth=0.5)
     left.set(yscale="log", xlabel="step", ylabel="validation perplexity", title="Curves (solid standard-matched, dashed flash)")
