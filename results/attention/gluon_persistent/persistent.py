@@ -351,9 +351,10 @@ def check():
     return failures
 
 
-def bench(rounds: int, rep: int):
+def bench(rounds: int, rep: int, jit_upto: int):
     """Forward TFLOP/s of the shipped Gluon forward, the persistent one and cuDNN (SDPA) at 16K tokens a batch,
-    nheads x head dim = 2048 (bench_attention.py's sweep), alternating the order each round."""
+    nheads x head dim = 2048 (bench_attention.py's sweep), alternating the order each round; up to jit_upto tokens
+    also the @triton.jit forward, which ships there (at head dim 64 and 1K it is at parity with Flex)."""
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -372,11 +373,19 @@ def bench(rounds: int, rep: int):
                     fns["persistent_" + "_".join(map(str, c))] = functools.partial(
                         forward, q, k, v, o, lse, scale, causal, config=c)
 
+                if seqlen <= jit_upto:  # where the @triton.jit forward ships (autotuned on its first call)
+                    import kernels.flash as F
+                    fns["jit"] = functools.partial(F._flash_fwd, q, k, v, head_dim ** -0.5, causal, 0.0, False, None,
+                                                   None, None, None, warp_spec=False)
+
                 def cudnn():
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                         torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                 fns["sdpa_cudnn"] = cudnn
                 flops = 4 * batch * nheads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                for fn in fns.values():  # compiles, and autotunes the @triton.jit forward, outside the timings
+                    fn()
+                torch.cuda.synchronize()
                 times = {name: [] for name in fns}
                 for r in range(rounds):
                     order = list(fns) if r % 2 == 0 else list(fns)[::-1]
@@ -390,6 +399,8 @@ def bench(rounds: int, rep: int):
                     if n.startswith("persistent"):
                         row[f"{n}_vs_shipped"] = row["shipped_ms"] / row[f"{n}_ms"]
                         row[f"{n}_vs_cudnn"] = row["sdpa_cudnn_ms"] / row[f"{n}_ms"]
+                        if "jit" in fns:
+                            row[f"{n}_vs_jit"] = row["jit_ms"] / row[f"{n}_ms"]
                 rows.append(row)
                 print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                                   if k != "rounds_ms"}), flush=True)
@@ -401,13 +412,14 @@ def main():
     ap.add_argument("mode", choices=["compile", "check", "bench"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=30)
+    ap.add_argument("--jit-upto", type=int, default=2048)
     args = ap.parse_args()
     if args.mode == "compile":
         compile_report()
     elif args.mode == "check":
         sys.exit(1 if check() else 0)
     else:
-        bench(args.rounds, args.rep)
+        bench(args.rounds, args.rep, args.jit_upto)
 
 
 if __name__ == "__main__":
