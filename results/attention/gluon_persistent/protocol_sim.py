@@ -1,172 +1,136 @@
-"""The persistent forward's barrier protocol, simulated on the CPU: the loader and the two consumers of one program
-as Python generators that use persistent.py's index arithmetic, under a random interleaving, with mbarrier parity
-semantics and TMA copies that land after a random delay.
+"""The persistent forward's barrier protocol (persistent.py), simulated on the CPU with the shipped forward's simulator
+(../gluon_fwd/protocol_sim.py: mbarriers with hardware parity semantics, TMA copies that land at random later times,
+a random scheduler). The loader and the two consumers are generators that mirror persistent.py's waits and arrives
+line for line, over several work items of one program; a change to the kernel's protocol belongs here too.
 
-Checked at every step: a consumer reads the Q, K and V it expects (buffers are tagged with what was loaded into
-them); the loader never overwrites a buffer a consumer has not released; the consumers' matmuls alternate; and the
-run ends with every item done, not in a deadlock. The Gluon kernel itself cannot run here, so this checks the
-protocol as written in persistent.py, transcribed by hand (keep the two in step).
+Checked over random interleavings, item lists (equal or varying key tiles), ring depths and Q buffer counts: nothing
+deadlocks; a consumer reads a Q buffer or K/V slot only while it holds the tile it expects; the loader refills a K/V
+slot only after both consumers released its tile, and a Q buffer only after its consumer stored that item's O; the
+consumers' wgmma rounds alternate strictly, across items too. Each of five single mutations of the protocol is
+caught.
 
-    python results/attention/gluon_persistent/protocol_sim.py     # ~10 s: many seeds, item lists and configs
+    python results/attention/gluon_persistent/protocol_sim.py     # prints the cases run; raises on a violation
 """
+import os
 import random
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gluon_fwd"))
+from protocol_sim import Barrier, Sim as ForwardSim  # noqa: E402
+
+BUGS = ("q_ready parity per item, not per buffer use", "q_empty wait without the flip",
+        "v_ready parity of the wrong tile", "no q_empty arrive", "no kv_empty arrive")
 
 
-class Barrier:
-    """mbarrier: `count` arrivals complete a phase; wait(parity) passes once the phase of that parity completed,
-    i.e. while the current phase's parity differs (a fresh barrier passes parity 1 at once)."""
+class Sim(ForwardSim):
+    """The forward's simulator plus the persistent kernel's Q buffers: q_ready / q_empty per (buffer, consumer)."""
 
-    def __init__(self, count):
-        self.count, self.arrived, self.phase = count, 0, 0
-
-    def arrive(self):
-        self.arrived += 1
-        assert self.arrived <= self.count
-        if self.arrived == self.count:
-            self.arrived, self.phase = 0, self.phase + 1
-
-    def passes(self, parity):
-        return (self.phase & 1) != parity
-
-
-class Sim:
-    def __init__(self, rng, items, stages, q_buffers):
-        self.rng, self.items, self.stages, self.qb = rng, items, stages, q_buffers
+    def __init__(self, stages, q_buffers, rng):
+        super().__init__(0, stages, rng)
         self.q_ready = [Barrier(1) for _ in range(2 * q_buffers)]
         self.q_empty = [Barrier(1) for _ in range(2 * q_buffers)]
-        self.turns = [Barrier(1), Barrier(1)]
-        self.k_ready = [Barrier(1) for _ in range(stages)]
-        self.v_ready = [Barrier(1) for _ in range(stages)]
-        self.kv_empty = [Barrier(2) for _ in range(stages)]
-        self.q_smem = [None] * (2 * q_buffers)  # tag of what the buffer holds: ("Q", item, w) or ("O", item, w)
-        self.k_smem = [None] * stages
-        self.v_smem = [None] * stages
-        self.q_busy = [False] * (2 * q_buffers)  # a consumer still reads / stores through it
-        self.kv_readers = [0] * stages  # consumers still to release the slot
-        self.pending = []  # (steps left, barrier, buffer list, index, tag): TMA loads in flight
-        self.last_turn = None
-        self.turns[0].arrive()
+        self.q_done = set()  # (item, consumer) whose O has left its Q buffer
 
-    def tma_load(self, bar, buf, i, tag):
-        self.pending.append([self.rng.randint(0, 6), bar, buf, i, tag])
+    def tma(self, bar, buf, tile):
+        if buf[0] == "q":
+            old = self.smem.get(buf)
+            if old is not None and old not in self.q_done:
+                raise AssertionError(f"loader overwrote {buf} holding {old} before its O was stored")
+        super().tma(bar, buf, tile)
 
-    def tick(self):
-        for p in list(self.pending):
-            p[0] -= 1
-            if p[0] < 0:
-                _, bar, buf, i, tag = p
-                buf[i] = tag
-                bar.arrive()
-                self.pending.remove(p)
 
-    # ---- the partitions, as in persistent.py -----------------------------------------------------------------
-    def loader(self):
-        it = g = 0
-        for item, n_tiles in self.items:
-            qb = it % self.qb
-            for w in range(2):
-                yield self.q_empty[2 * qb + w], ((it // self.qb) & 1) ^ 1
-                assert not self.q_busy[2 * qb + w], "loader overwrites a Q buffer still in use"
-                self.tma_load(self.q_ready[2 * qb + w], self.q_smem, 2 * qb + w, ("Q", item, w))
-            for j in range(n_tiles):
-                slot = g % self.stages
-                yield self.kv_empty[slot], ((g // self.stages) & 1) ^ 1
-                assert self.kv_readers[slot] == 0, "loader overwrites a K/V slot still in use"
-                self.kv_readers[slot] = 2
-                self.tma_load(self.k_ready[slot], self.k_smem, slot, ("K", item, j))
-                self.tma_load(self.v_ready[slot], self.v_smem, slot, ("V", item, j))
-                g += 1
-            it += 1
+def loader(s, items, stages, q_buffers, bug):
+    it = g = 0
+    for item, n_tiles in items:
+        qb = it % q_buffers
+        for w in range(2):
+            flip = 0 if bug == "q_empty wait without the flip" else 1
+            yield s.q_empty[2 * qb + w], ((it // q_buffers) & 1) ^ flip
+            s.tma(s.q_ready[2 * qb + w], ("q", 2 * qb + w), (item, w))
+        for _ in range(n_tiles):
+            slot = g % stages
+            yield s.kv_empty[slot], ((g // stages) & 1) ^ 1
+            s.tma(s.k_ready[slot], ("k", slot), g)
+            s.tma(s.v_ready[slot], ("v", slot), g)
+            g += 1
+        it += 1
 
-    def consumer(self, w):
-        it = g = tc = 0
-        my_turn, other_turn = self.turns[w], self.turns[1 - w]
-        for item, n_tiles in self.items:
-            qi = 2 * (it % self.qb) + w
-            yield self.q_ready[qi], (it // self.qb) & 1
-            assert self.q_smem[qi] == ("Q", item, w), (self.q_smem[qi], item, w)
-            self.q_busy[qi] = True
-            slot = g % self.stages
-            yield self.k_ready[slot], (g // self.stages) & 1
-            yield my_turn, tc & 1
+
+def consumer(s, w, items, stages, q_buffers, bug):
+    it = g = tc = 0
+    for item, n_tiles in items:
+        qi = 2 * (it % q_buffers) + w
+        yield s.q_ready[qi], (it & 1) if bug == "q_ready parity per item, not per buffer use" else ((it // q_buffers) & 1)
+        s.read(w, ("q", qi), (item, w))
+        slot = g % stages
+        yield s.k_ready[slot], (g // stages) & 1
+        yield s.turns[w], tc & 1
+        tc += 1
+        s.read(w, ("k", slot), g)
+        s.issue(w, tc)
+        s.turns[1 - w].arrive()
+        for j in range(1, n_tiles):
+            gj = g + j
+            slot, prev = gj % stages, (gj - 1) % stages
+            yield s.k_ready[slot], (gj // stages) & 1
+            yield s.v_ready[prev], ((gj - (0 if bug == "v_ready parity of the wrong tile" else 1)) // stages) & 1
+            yield s.turns[w], tc & 1
             tc += 1
-            self.mma(w, ("K", item, 0), self.k_smem[slot])
-            other_turn.arrive()
-            for j in range(1, n_tiles):
-                gj = g + j
-                slot, prev = gj % self.stages, (gj - 1) % self.stages
-                yield self.k_ready[slot], (gj // self.stages) & 1
-                yield self.v_ready[prev], ((gj - 1) // self.stages) & 1
-                yield my_turn, tc & 1
-                tc += 1
-                self.mma(w, ("K", item, j), self.k_smem[slot])
-                assert self.v_smem[prev] == ("V", item, j - 1), (self.v_smem[prev], item, j - 1)
-                other_turn.arrive()
-                self.kv_readers[prev] -= 1
-                self.kv_empty[prev].arrive()
-            glast = g + n_tiles - 1
-            last = glast % self.stages
-            yield self.v_ready[last], (glast // self.stages) & 1
-            yield my_turn, tc & 1
-            tc += 1
-            assert self.v_smem[last] == ("V", item, n_tiles - 1)
-            self.take_turn(w)
-            other_turn.arrive()
-            self.kv_readers[last] -= 1
-            self.kv_empty[last].arrive()
-            self.q_smem[qi] = ("O", item, w)  # the epilogue stores O through the Q buffer, then waits for the store
-            self.q_busy[qi] = False
-            self.q_empty[qi].arrive()
-            self.done[w].append(item)
-            g += n_tiles
-            it += 1
+            s.read(w, ("k", slot), gj)
+            s.read(w, ("v", prev), gj - 1)
+            s.issue(w, tc)
+            s.turns[1 - w].arrive()
+            if bug != "no kv_empty arrive":
+                s.kv_empty[prev].arrive()
+            s.released[w].add(gj - 1)
+        glast = g + n_tiles - 1
+        last = glast % stages
+        yield s.v_ready[last], (glast // stages) & 1
+        yield s.turns[w], tc & 1
+        tc += 1
+        s.read(w, ("v", last), glast)
+        s.issue(w, tc)
+        s.turns[1 - w].arrive()
+        s.kv_empty[last].arrive()
+        s.released[w].add(glast)
+        s.q_done.add((item, w))  # O stored through the Q buffer and tma.store_wait: the buffer is free
+        if bug != "no q_empty arrive":
+            s.q_empty[qi].arrive()
+        g += n_tiles
+        it += 1
 
-    def mma(self, w, want_k, k_tag):
-        assert k_tag == want_k, (k_tag, want_k)
-        self.take_turn(w)
 
-    def take_turn(self, w):
-        assert self.last_turn != w, "the consumers' matmuls did not alternate"
-        self.last_turn = w
-
-    def run(self):
-        self.done = [[], []]
-        parts = [self.loader(), self.consumer(0), self.consumer(1)]
-        waiting = [next(p) for p in parts]  # each partition's current (barrier, parity)
-        live = [True] * 3
-        for _ in range(10**6):
-            runnable = [i for i in range(3) if live[i] and waiting[i][0].passes(waiting[i][1])]
-            if not runnable:
-                if not any(live) and not self.pending:
-                    break
-                if not self.pending:
-                    raise AssertionError(f"deadlock: live {live}, waiting on phases "
-                                         f"{[(w[0].phase, w[1]) if w else None for w in waiting]}")
-                self.tick()
-                continue
-            i = self.rng.choice(runnable)
-            try:
-                waiting[i] = next(parts[i])
-            except StopIteration:
-                live[i], waiting[i] = False, None
-            if self.rng.random() < 0.5:
-                self.tick()
-        want = [item for item, _ in self.items]
-        assert self.done == [want, want], self.done
+def simulate(items, stages, q_buffers, rng, bug=None):
+    s = Sim(stages, q_buffers, rng)
+    s.run({"loader": loader(s, items, stages, q_buffers, bug),
+           "c0": consumer(s, 0, items, stages, q_buffers, bug), "c1": consumer(s, 1, items, stages, q_buffers, bug)})
+    rounds = sum(n + 1 for _, n in items)
+    want = [(w, r) for r in range(1, rounds + 1) for w in (0, 1)]
+    assert s.rounds == want, f"rounds out of turn: {s.rounds[:8]} ..."
 
 
 def main():
-    runs = 0
+    rng = random.Random(0)
+    cases = 0
     for seed in range(300):
-        rng = random.Random(seed)
         n_items = rng.randint(1, 7)
-        causal = rng.random() < 0.5
+        causal = seed % 2 == 1
         items = [(t, rng.randint(1, 9) if causal else 5) for t in range(n_items)]
         for stages in (2, 3, 4):
             for q_buffers in (1, 2):
-                Sim(random.Random(seed * 31 + stages * 7 + q_buffers), items, stages, q_buffers).run()
-                runs += 1
-    print(f"protocol_sim: {runs} runs, every item done, no deadlock, no overwrite, reads as expected")
+                simulate(items, stages, q_buffers, rng)
+                cases += 1
+    caught = 0
+    for bug in BUGS:
+        try:
+            for seed in range(50):
+                simulate([(t, 1 + (seed + t) % 4) for t in range(5)], 2, 2, random.Random(seed), bug)
+        except AssertionError:
+            caught += 1
+        else:
+            raise AssertionError(f"mutation not caught: {bug}")
+    print(f"{cases} random interleavings (1-7 items of 1-9 key tiles, ring depths 2-4, 1-2 Q buffers): no deadlock, "
+          f"no stale or overwritten tile, wgmma rounds strictly alternating; {caught} of {len(BUGS)} mutations caught")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,16 @@ tables (the same weights evaluated with each kind). Writes ../gpt2_parity_seeds.
 
     python results/training/gpt2_parity_seeds/aggregate.py
 """
-import csv
 import json
 import math
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TRAINING = HERE.parent
+sys.path.insert(0, str(TRAINING.parents[1] / "scripts"))
+from compare_attention import read_metrics  # noqa: E402
+
 KINDS = ("standard-matched", "flash")
 # label -> (folder holding one sub-folder per kind, micro-batch a rank): session 30's run, then every seedS folder here
 # (device.sh with SEEDS="S ..." MICRO=16; copy each seed's tables, swap_eval and per-kind metrics into seedS/).
@@ -32,12 +35,6 @@ def t_975(dof: int) -> float:
     return T_975[max(d for d in T_975 if d <= dof)]
 
 
-def val_ppl(metrics_csv):
-    """{step: validation perplexity} from a Lightning CSV log."""
-    with open(metrics_csv) as f:
-        return {int(row["step"]): float(row["val/ppl"]) for row in csv.DictReader(f) if row.get("val/ppl")}
-
-
 def mean_and_sem(values):
     n = len(values)
     mean = sum(values) / n
@@ -46,29 +43,22 @@ def mean_and_sem(values):
 
 
 def load():
-    curves = {}
-    for label, (folder, _) in REALISATIONS.items():
-        curves[label] = {kind: val_ppl(folder / kind / "metrics.csv") for kind in KINDS}
-        steps = [sorted(c) for c in curves[label].values()]
-        if steps[0] != steps[1]:
-            raise ValueError(f"{label}: the kinds were evaluated at different steps: {steps}")
-    steps = sorted(next(iter(curves.values()))["flash"])
+    """(evaluation steps, {realisation: {kind: {step: val/ppl}}}); every run must be evaluated at the same steps."""
+    curves = {label: {kind: dict(read_metrics(folder / kind / "metrics.csv")["val/ppl"]) for kind in KINDS}
+              for label, (folder, _) in REALISATIONS.items()}
+    steps = sorted(curves["recipe seed"]["standard-matched"])
     for label, pair in curves.items():
-        if sorted(pair["flash"]) != steps:
-            raise ValueError(f"{label}: evaluation steps differ from the other realisations")
+        for kind, curve in pair.items():
+            if sorted(curve) != steps:
+                raise ValueError(f"{label} {kind}: evaluated at other steps than the recipe seed's standard-matched")
     return steps, curves
 
 
 def swap_gaps():
-    """Largest |gap| of flash to standard-matched at the same weights, per realisation that has a swap_eval."""
-    out = {}
-    for label, (folder, _) in REALISATIONS.items():
-        path = folder / "swap_eval.json"
-        if not path.exists():
-            continue
-        by_step = json.loads(path.read_text())["results"]
-        out[label] = max(abs(k["flash"]["val/ppl"] / k["standard-matched"]["val/ppl"] - 1) for k in by_step.values())
-    return out
+    """Largest |gap| of flash to standard-matched at the same weights (swap_eval's own largest_gap), per realisation
+    that has a swap_eval."""
+    return {label: abs(json.loads((folder / "swap_eval.json").read_text())["largest_gap"]["flash"])
+            for label, (folder, _) in REALISATIONS.items() if (folder / "swap_eval.json").exists()}
 
 
 def main():
