@@ -359,6 +359,8 @@ def bench(rounds: int, rep: int, jit_upto: int):
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    import bench_attention  # the table's FLOP count
+
     rows = []
     for head_dim in (64, 128):
         nheads = 2048 // head_dim
@@ -383,7 +385,7 @@ def bench(rounds: int, rep: int, jit_upto: int):
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                         torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                 fns["sdpa_cudnn"] = cudnn
-                flops = 4 * batch * nheads * seqlen * seqlen * head_dim / (2 if causal else 1)
+                flops = bench_attention.flops(batch, nheads, seqlen, head_dim, causal, "fwd")
                 for fn in fns.values():  # compiles, and autotunes the @triton.jit forward, outside the timings
                     fn()
                 torch.cuda.synchronize()
