@@ -389,10 +389,17 @@ def load_row_stats(lse_base, delta_base, rows, seqlen_q):
 
     SHARED with kernels/blocksparse.py: keep the signature stable.
     """
-    lse = tl.load(lse_base + rows, mask=rows < seqlen_q, other=float("inf"))
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    lse = load_lse(lse_base, rows, seqlen_q)
     delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
     return lse, delta
+
+
+@triton.jit
+def load_lse(lse_base, rows, seqlen_q):
+    """The LSE of query rows as `bwd_dq_block_step` takes it: -inf (a row that sees no key) and rows past the end
+    -> +inf, so that their probabilities come out 0."""
+    lse = tl.load(lse_base + rows, mask=rows < seqlen_q, other=float("inf"))
+    return tl.where(lse == float("-inf"), float("inf"), lse)
 
 
 @triton.jit
@@ -697,15 +704,17 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEED, cu_seqlens_q, c
 
 
 @triton.jit(do_not_specialize=_PER_BATCH_INTS)
-def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
+def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, O, cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k,
                    nheads, group, sm_scale, qk_scale, drop_thresh, drop_scale,
                    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_dob, stride_dom, stride_doh,
-                   stride_dqb, stride_dqm, stride_dqh, stride_lb, stride_lh,
+                   stride_dqb, stride_dqm, stride_dqh, stride_ob, stride_om, stride_oh, stride_lb, stride_lh,
                    TUNE_Q, TUNE_K,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    IS_CAUSAL: tl.constexpr, VARLEN: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                   REVERSE: tl.constexpr = False):
+                   REVERSE: tl.constexpr = False, COMPUTE_DELTA: tl.constexpr = False):
+    # COMPUTE_DELTA: this kernel computes delta = rowsum(dO * O) of its own query rows and stores it for the dK/dV
+    # kernel, which then runs after it: the backward needs no `bwd_preprocess` launch (O is read only then).
     start_m, bh, b, h, q_start, seqlen_q, k_start, seqlen_k = _query_program(
         cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, nheads, BLOCK_M, VARLEN, REVERSE)
     if start_m >= seqlen_q:
@@ -718,8 +727,16 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEED, cu_seqlens_q, cu_seqlens_k
                   seqlen_q, HEAD_DIM, BLOCK_D, True)
     do = load_tile(DO + b64 * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dom, stride_dom, rows,
                    offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
-    lse, delta = load_row_stats(LSE + b64 * stride_lb + h * stride_lh + q_start,
-                                DELTA + b64 * stride_lb + h * stride_lh + q_start, rows, seqlen_q)
+    lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
+    delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
+    if COMPUTE_DELTA:  # used from registers: a load back could read another thread's store before it lands
+        o = load_tile(O + b64 * stride_ob + h * stride_oh + q_start.to(tl.int64) * stride_om, stride_om, rows, offs_d,
+                      seqlen_q, HEAD_DIM, BLOCK_D, True)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        tl.store(delta_base + rows, delta, mask=rows < seqlen_q)
+        lse = load_lse(lse_base, rows, seqlen_q)
+    else:
+        lse, delta = load_row_stats(lse_base, delta_base, rows, seqlen_q)
     k_base = K + b64 * stride_kb + (h // group) * stride_kh + k_start.to(tl.int64) * stride_kn
     v_base = V + b64 * stride_vb + (h // group) * stride_vh + k_start.to(tl.int64) * stride_vn
     seed = 0
@@ -1035,20 +1052,20 @@ def dropout_keep_mask(seed: torch.Tensor, batch: int, nheads: int, seqlen_q: int
 
 
 def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_seqlens_q=None,
-                   max_seqlen_q: int | None = None) -> torch.Tensor:
-    """delta = rowsum(dO * O) in float32: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen.
+                   max_seqlen_q: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """delta = rowsum(dO * O) in float32: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen; into `out`
+    (contiguous, that shape) when given.
 
     SHARED with kernels/blocksparse.py: keep the signature stable. o and do share the layout of q.
     """
     nheads, headdim = o.shape[-2], o.shape[-1]
+    delta = torch.empty(lse_shape(o, varlen), dtype=torch.float32, device=o.device) if out is None else out
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         total = o.shape[0]
-        delta = torch.empty(nheads, total, dtype=torch.float32, device=o.device)
         sdb, sdh, seqlen = 0, total, max_seqlen_q
     else:
         batch, seqlen = o.shape[0], o.shape[1]
-        delta = torch.empty(batch, nheads, seqlen, dtype=torch.float32, device=o.device)
         sdb, sdh = delta.stride(0), delta.stride(1)
     block_m = 16 if _interpreting() else 64
     grid = (cdiv(seqlen, block_m), batch * nheads)
@@ -1280,15 +1297,23 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     if varlen:
         max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     slb, slh = lse_strides(lse, varlen)
-    if delta is None:
-        delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
+    # Without a caller's delta, the two-kernel path's dQ kernel computes it (COMPUTE_DELTA) and runs first; the
+    # Gluon and fused paths, whose dK/dV work starts at once, take it from `bwd_preprocess`.
+    compute_delta = delta is None
+    if compute_delta:
+        delta = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
     if out is not None:
         dq, dk, dv = out
     else:
         dq = torch.empty(q.shape, dtype=grad_dtype or q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=grad_dtype or k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=grad_dtype or v.dtype, device=v.device)
-    if gluon and _gluon_bwd_unsupported(q, k, v, do, lse, delta, (dq, dk, dv), causal, dropout_p, varlen) is None:
+    use_gluon = gluon and _gluon_bwd_unsupported(q, k, v, do, lse, delta, (dq, dk, dv), causal, dropout_p,
+                                                 varlen) is None
+    fused = not use_gluon and _fused_bwd(q, dropout_p, _block_d(headdim))
+    if compute_delta and (use_gluon or fused):
+        bwd_preprocess(o, do, varlen, cu_q, max_q, out=delta)
+    if use_gluon:
         from kernels.flash_gluon import gluon_backward
 
         gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal)
@@ -1303,7 +1328,7 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     tune = (_bucket(max_q), _bucket(max_k))
     dkdv_strides = (*_strides(dk, varlen), *_strides(dv, varlen), slb, slh)
     dkdv_consts = dict(consts, GQA=group > 1, LSE_ALIGNED=lse_aligned(slb, slh, varlen))
-    if _fused_bwd(q, dropout_p, consts["BLOCK_D"]):
+    if fused:
         rows = q.shape[0] * (1 if varlen else q.shape[1])
         dqa = torch.zeros(rows, nheads * headdim, dtype=torch.float32, device=q.device)
         tma = not _interpreting()
@@ -1314,12 +1339,14 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
                 dict(dkdv_consts, FUSED_DQ=True, DQ_TMA=tma), (q.dtype, do.dtype, dk.dtype))
         torch.mul(dqa.view(q.shape), softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
         return dq, dk, dv
+    o_arg = o if compute_delta else dq  # any pointer when unused
+    _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
+            (q, k, v, do, dq, lse, delta, seed, o_arg, *common, *_strides(dq, varlen), *_strides(o_arg, varlen),
+             slb, slh, *tune),
+            dict(consts, REVERSE=causal, COMPUTE_DELTA=compute_delta), (q.dtype, do.dtype, dq.dtype))
     _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
             (q, k, v, do, dk, dv, dk, lse, delta, seed, *common, *dkdv_strides, 0, *tune), dkdv_consts,
             (q.dtype, do.dtype, dk.dtype))
-    _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
-            (q, k, v, do, dq, lse, delta, seed, *common, *_strides(dq, varlen), slb, slh, *tune),
-            dict(consts, REVERSE=causal), (q.dtype, do.dtype, dq.dtype))
     return dq, dk, dv
 
 

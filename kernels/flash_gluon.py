@@ -387,11 +387,13 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) ->
 # ---------------------------------------------------------------------------------------------------
 
 BWD_HEAD_DIMS = (64, 128, 256)
-# (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) per head dim: at 64 and 128 the fastest of the A/B's three configs; at 256
+# (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) per head dim: at 128 the fastest of the A/B's three configs; at 64 a 3-deep
+# Q/dO ring (133 KB), 1.013-1.035x the 2-deep one at every length 1K-16K, causal and not, on one H100
+# (results/attention/gluon_bwd_stages/ab_h100.txt; deeper rings or dQ rings gained less); at 256
 # FlashAttention-3's (Shah et al., 2024): 64-key tiles, one stage, the only ones whose K, V, Q, dO, P^T, dS^T and dQ
 # tiles fit shared memory (214 KB); compiled for sm_90 it has no spills (results/attention/gluon_bwd256/
 # compile_sm90.txt), and on one H100 it is 1.08-1.30x the @triton.jit backward at 512-16K (check_h100.txt).
-BWD_TILES = {64: (64, 128, 2, 2), 128: (64, 128, 2, 2), 256: (64, 64, 1, 1)}
+BWD_TILES = {64: (64, 128, 3, 2), 128: (64, 128, 2, 2), 256: (64, 64, 1, 1)}
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the

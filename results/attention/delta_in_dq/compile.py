@@ -1,8 +1,7 @@
 """Registers and spill stack of the dQ kernel with and without COMPUTE_DELTA (sm_90 compile on the CPU, every
-config of its tuning list), head dims 64 and 128, causal and not, no dropout and dropout. Needs delta_in_dq.patch
-applied (COMPUTE_DELTA is the patch's).
+config of its tuning list), head dims 64 and 128, causal and not, no dropout and dropout (COMPUTE_DELTA
+shipped in session 34; compile_sm90.txt was made with the patch applied to a913872, before that).
 
-    git apply results/attention/delta_in_dq/delta_in_dq.patch
     python results/attention/delta_in_dq/compile.py > results/attention/delta_in_dq/compile_sm90.txt
 """
 import sys
