@@ -274,7 +274,7 @@ def _sm_count(device: int) -> int:
 # ring with one Q buffer (230 KB; only K/V run ahead across items, the next Q waits for this item's O store). The other
 # way out, 2 stages with 2 Q buffers (197 KB), was 0.81-0.91x the shipped forward non-causal in session 34's first run
 # (bench_h100_s34a.txt).
-CONFIGS = {64: [(128, 128, 3, 2)], 128: [(128, 128, 3, 1)]}
+CONFIGS = {64: [(128, 128, 3, 2)], 128: [(128, 128, 3, 1)], 256: [(128, 64, 2, 1)]}
 
 
 def forward(q, k, v, o, lse, qk_scale: float, causal: bool, config=None, programs: int | None = None) -> None:
@@ -338,7 +338,7 @@ def check():
     programs as well as one a SM (every program then runs many items, so the counters cross many items)."""
     failures = 0
     cases = [(1, 128, 1, 1, 64), (2, 1024, 4, 4, 64), (3, 640, 5, 5, 128), (2, 2048, 8, 2, 64), (8, 2048, 32, 32, 64),
-             (4, 4096, 16, 16, 128), (1, 8192, 3, 1, 128)]
+             (4, 4096, 16, 16, 128), (1, 8192, 3, 1, 128), (2, 1152, 4, 4, 256)]
     for batch, seqlen, nheads, nheads_k, head_dim in cases:
         q, k, v = _inputs(batch, seqlen, nheads, nheads_k, head_dim)
         for causal in (False, True):
@@ -363,21 +363,23 @@ def check():
     return failures
 
 
-def bench(rounds: int, rep: int, jit_upto: int):
+def bench(rounds: int, rep: int, jit_upto: int, head_dims=(64, 128), seqlens=(1024, 2048, 4096, 8192, 16384),
+          one_unit: bool = False):
     """Forward TFLOP/s of the shipped Gluon forward, the persistent one and cuDNN (SDPA) at 16K tokens a batch,
     nheads x head dim = 2048 (bench_attention.py's sweep), alternating the order each round; at head dim 64 up to
     jit_upto tokens also the @triton.jit forward, which ships there (at 1K non-causal it is at parity with Flex; at
-    head dim 128 the Gluon forward ships from 1K)."""
+    head dim 128 the Gluon forward ships from 1K). one_unit: also the persistent kernel launched with one work unit a
+    program (a grid of every unit: the hardware's block scheduler, as in the shipped forward)."""
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import bench_attention  # the table's FLOP count
 
     rows = []
-    for head_dim in (64, 128):
+    for head_dim in head_dims:
         nheads = 2048 // head_dim
         for causal in (False, True):
-            for seqlen in (1024, 2048, 4096, 8192, 16384):
+            for seqlen in seqlens:
                 batch = 16384 // seqlen
                 q, k, v = _inputs(batch, seqlen, nheads, nheads, head_dim)
                 o, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen, device="cuda")
@@ -387,6 +389,9 @@ def bench(rounds: int, rep: int, jit_upto: int):
                 for c in CONFIGS[head_dim]:
                     fns["persistent_" + "_".join(map(str, c))] = functools.partial(
                         forward, q, k, v, o, lse, scale, causal, config=c)
+                    if one_unit:
+                        fns["one_unit_" + "_".join(map(str, c))] = functools.partial(
+                            forward, q, k, v, o, lse, scale, causal, config=c, programs=1 << 30)
 
                 if head_dim == 64 and seqlen <= jit_upto:  # where the @triton.jit forward ships (autotuned at first)
                     import kernels.flash as F
@@ -411,7 +416,7 @@ def bench(rounds: int, rep: int, jit_upto: int):
                            rounds_ms={n: t for n, t in times.items()})
                 row.update({f"{n}_tflops": flops / row[f"{n}_ms"] / 1e9 for n in fns})
                 for n in fns:
-                    if n.startswith("persistent"):
+                    if n.startswith(("persistent", "one_unit")):
                         row[f"{n}_vs_shipped"] = row["shipped_ms"] / row[f"{n}_ms"]
                         row[f"{n}_vs_cudnn"] = row["sdpa_cudnn_ms"] / row[f"{n}_ms"]
                         if "jit" in fns:
@@ -419,6 +424,8 @@ def bench(rounds: int, rep: int, jit_upto: int):
                 rows.append(row)
                 print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                                   if k != "rounds_ms"}), flush=True)
+                print(json.dumps(dict(head_dim=head_dim, causal=causal, seqlen=seqlen,
+                                      rounds_ms={n: [round(x, 4) for x in t] for n, t in times.items()})), flush=True)
     return rows
 
 
@@ -428,13 +435,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=30)
     ap.add_argument("--jit-upto", type=int, default=2048)
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--one-unit", action="store_true")
     args = ap.parse_args()
     if args.mode == "compile":
         compile_report()
     elif args.mode == "check":
         sys.exit(1 if check() else 0)
     else:
-        bench(args.rounds, args.rep, args.jit_upto)
+        bench(args.rounds, args.rep, args.jit_upto, args.head_dims, args.seqlens, args.one_unit)
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+# session 34, second call (pairs for causal units): the check, the bench, and the GPU tests of test_flash_gluon with BWD_TILES[64] = (64, 128, 3, 2)
 set -u -o pipefail
 export PYTHONUNBUFFERED=1
 D=results/attention/gluon_persistent
