@@ -4,19 +4,25 @@ Gluon (`triton.experimental.gluon`, shipped with Triton 3.6) makes shared-memory
 asynchronous wgmma and warp specialisation explicit. FlashAttention-3's structure (Shah et al., 2024, section 3.1)
 can be written in it but not in `@triton.jit`. The forward:
 
-    one program = 128 query rows of one (batch, head); three partitions:
-    loader (1 warp, 24 registers)   Q's two 64-row halves by TMA once, then K(j), V(j) into a STAGES-deep ring;
-                                    a slot is refilled once both consumers have released it (count-2 mbarrier)
+    a work item = 128 query rows of one (batch, head); a program runs one or many (`_fwd_unit`); three partitions:
+    loader (1 warp, 24 registers)   per item Q's two 64-row halves by TMA into one of Q_BUFFERS buffers, then K(j),
+                                    V(j) into a STAGES-deep ring that runs on across items; a slot is refilled once
+                                    both consumers have released it (count-2 mbarrier)
     consumer w = 0, 1 (4 warps each) 64 query rows: S(j) = Q K(j)^T and O += P(j-1) V(j-1) as async wgmma,
                                     issued in turn with the other consumer (two mbarriers): one warpgroup's softmax
                                     runs while the other's matmuls do
+
+Persistent (`fwd_persistent`): one program a SM (132 on an H100) runs units pid, pid + 132, ..., so one item's start (Q's load, the first S)
+and end (the last P V, O's store) overlap the next item's loads instead of leaving the SM to the block scheduler.
+Under a causal mask a unit is a pair of query tiles whose work adds up to one full row (`_fwd_unit`). The barrier
+protocol across items is simulated on the CPU (results/attention/gluon_persistent/protocol_sim.py).
 
 ptxas places the wait for P V before the softmax's exponentials whatever the source order, so the overlap inside one
 warpgroup that FlashAttention-3's paper also describes does not survive; the overlap between the two warpgroups
 does (results/attention/gluon_fwd/README.md). Measured on one H100 against the `@triton.jit` forward: 1.07-1.21x
 at head dim 128 from 1K tokens (results/attention/gluon_fwd/bench_h100.txt), 1.2-1.9x at 256 from 512
 (short_h100.txt, bench_h100_hd256.txt), 1.03-1.12x at 64 from 2K non-causal and 4K causal
-(results/attention/launch_direct/hd64_fwd_h100.txt). The backward (`_bwd_kernel`, below) has its own account.
+(results/attention/launch_direct/hd64_fwd_h100.txt); the persistent grid adds to these (FWD_TILES). The backward (`_bwd_kernel`, below) has its own account.
 
 Both take TMA descriptors built on the host (`head_tiles`, passed by value as __grid_constant__ parameters) rather
 than building their own in every program: 1.1-1.3x at 1K-2K tokens, 1.0-1.07x from 4K
@@ -47,12 +53,28 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from kernels.flash import LOG2E
 from kernels.launch import launch
 
-# (BLOCK_M, BLOCK_N, STAGES) per head dim: at 128 the fastest of the prototype's configs at every benchmarked point;
-# at 256 the one that fits shared memory (197 KB) without spills (1.18-1.43x the @triton.jit forward, 1.15-1.62x
-# FlashAttention-2's on the H100: results/attention/gluon_fwd/bench_h100_hd256.txt); at 64 the best causal one of three
-# (results/attention/launch_direct/hd64_fwd_h100.txt: 1.06-1.12x causal from 4K, 1.03-1.11x non-causal from 2K; 4
-# stages were 1-3% faster non-causal and 1-4% slower causal)
-FWD_TILES = {64: (128, 128, 3), 128: (128, 128, 3), 256: (128, 64, 2)}
+# (BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS) per head dim: at 128 the fastest of the prototype's tiles at every benchmarked
+# point; at 256 the ones that fit shared memory (197 KB) without spills (1.18-1.43x the @triton.jit forward,
+# 1.15-1.62x FlashAttention-2's on the H100: results/attention/gluon_fwd/bench_h100_hd256.txt); at 64 the best causal
+# ones of three (results/attention/launch_direct/hd64_fwd_h100.txt). Q_BUFFERS = 2 lets a persistent program load its
+# next item's Q while it computes this one; at 128 and 256 the second buffer does not fit beside a 3-stage / 2-stage
+# ring (at 128, 2 stages with 2 buffers were 0.81-0.91x: results/attention/gluon_persistent/bench_h100_s34a.txt).
+FWD_TILES = {64: (128, 128, 3, 2), 128: (128, 128, 3, 1), 256: (128, 64, 2, 1)}
+# The persistent grid (one program a SM, each running many work units, `_fwd_unit`) against one tile a program, the
+# forward alone on one H100, 16K tokens a batch, three runs (results/attention/gluon_persistent/README.md): head dim
+# 64 non-causal 1.41x at 512, 1.19-1.21x at 1K, 1.09-1.11x at 2K, 1.04-1.06x at 4K, 0.96-1.05x from 8K; causal
+# (pairs) 1.05-1.15x at 1K-4K, 0.99-1.01x at 8K, 0.97-0.98x at 16K; head dim 128 non-causal 1.00-1.09x at every
+# length, causal 1.03-1.13x at 1K-8K and 0.98-1.01x at 16K; head dim 256 0.99-1.02x non-causal, 0.93-1.01x causal.
+# So it runs up to 8K tokens causal, at every length non-causal, and not at head dim 256.
+PERSISTENT_CAUSAL_UP_TO = 8192
+PERSISTENT_HEAD_DIMS = (64, 128)
+
+
+def fwd_persistent(head_dim: int, seqlen: int, causal: bool) -> bool:
+    """Whether the forward runs a persistent grid at this shape (see PERSISTENT_CAUSAL_UP_TO)."""
+    return head_dim in PERSISTENT_HEAD_DIMS and not (causal and seqlen > PERSISTENT_CAUSAL_UP_TO)
+
+
 # Heads per launch group (`_tile_and_head`): 8 under a causal mask up to 8K tokens, else 1. Two sweeps of groups 1-16
 # on one H100 (results/attention/head_order/): causal, head dim 128, group 8 against 1: backward 1.01-1.06x and forward
 # 0.98-1.04x at 1K-8K; at 16K-32K 0.95-1.01x; non-causal, where every program does the same work, 0.93-0.99x.
@@ -68,9 +90,11 @@ CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
 # (results/attention/launch_direct/short_h100.txt), head dim 128: 1.29x the @triton.jit forward at 1K (either), 1.08x
 # at 512 causal and 1.25x at 512 non-causal alone, but in the autograd forward+backward at 512 non-causal 0.80x: there
 # the Gluon path's host time (897 us a call, against 681 for the @triton.jit path's) outran its kernels' ~0.76 ms, so
-# 512 stays with the @triton.jit kernels; head dim 256: 1.43-1.51x at 512; head dim 64 (hd64_fwd_h100.txt):
-# 0.98-0.99x at 1K non-causal, 0.98x at 2K causal, gains from the next length up.
-MIN_SEQLEN = {(64, False): 2048, (64, True): 4096, (128, False): 1024, (128, True): 1024, (256, False): 512,
+# 512 stays with the @triton.jit kernels; head dim 256: 1.43-1.51x at 512. Head dim 64, with the persistent grid
+# (results/attention/gluon_persistent/bench_h100_s34*.txt), against the autotuned @triton.jit forward: 1.17x at 1K
+# non-causal (1.25x at 512, kept out for the host-time reason above); causal 1.00-1.07x at 1K, 1.04-1.07x at 2K
+# (0.76x at 512), so causal starts at 2K.
+MIN_SEQLEN = {(64, False): 1024, (64, True): 2048, (128, False): 1024, (128, True): 1024, (256, False): 512,
               (256, True): 512}
 
 
@@ -115,152 +139,243 @@ def _softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, crosses_diagonal, IS_CAU
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, q_row0, kv_row0,
-            q_col, kv_col, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-            STAGES: gl.constexpr):
-    SUB_M: gl.constexpr = BLOCK_M // 2
-    KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
-    Q_BYTES: gl.constexpr = SUB_M * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
-    for w in gl.static_range(2):
-        mbarrier.expect(q_bars.index(w), Q_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [q_row0 + w * SUB_M, q_col], q_bars.index(w), q_smem.index(w))
-    for j in range(n_tiles):
-        slot = j % STAGES
-        mbarrier.wait(kv_empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        mbarrier.expect(k_ready.index(slot), KV_BYTES)
-        tma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, kv_col], k_ready.index(slot),
-                                        k_smem.index(slot))
-        mbarrier.expect(v_ready.index(slot), KV_BYTES)
-        tma.async_copy_global_to_shared(v_desc, [kv_row0 + j * BLOCK_N, kv_col], v_ready.index(slot),
-                                        v_smem.index(slot))
+def _work_item(t, n_tiles, n_bh, head_group):
+    """(tile, batch x head) of item t of n_tiles x n_bh, in groups of head_group heads, tile by tile within a group:
+    1 runs one head's tiles back to back (its K and V, or Q and dO, shared in L2 by the programs in flight); more
+    heads per group run the tiles of equal work of several heads together, so under a causal mask the longest
+    programs do not trail in the last wave."""
+    per_group = head_group * n_tiles
+    first = (t // per_group) * head_group
+    r = t % per_group
+    here = gl.minimum(n_bh - first, head_group)  # the last group may have fewer
+    return r // here, first + r % here
 
 
 @gluon.jit
-def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns,
-              q_row0, q_col, lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """Query rows start_m + W * 64 .. +63: per key tile j, S(j) and P(j-1) V(j-1) issued in this consumer's turn,
-    then the softmax of S(j) while the other consumer issues."""
+def _tile_and_head(n_tiles, head_group):
+    """`_work_item` of this program in a 1-D grid of n_tiles x (batch x heads) programs."""
+    return _work_item(gl.program_id(0), n_tiles, gl.num_programs(0) // n_tiles, head_group)
+
+
+@gluon.jit
+def _n_units(n_m, n_bh, PAIRED: gl.constexpr):
+    """Work units of the forward (`_fwd_unit`)."""
+    if PAIRED:
+        return (n_m + 1) // 2 * n_bh
+    else:
+        return n_m * n_bh
+
+
+@gluon.jit
+def _fwd_unit(u, n_m, n_bh, head_group, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """Work unit u: (batch x head, its first query tile, its second, how many of the two it has).
+
+    PAIRED (causal, persistent): query tiles n_m-1-i and i of one head, the longer first. Each pair has n_m + 1 key
+    tiles' work (the middle tile of an odd n_m is a unit alone), so the persistent grid's fixed round-robin of units
+    is as balanced as a non-causal one. Units run head by head, so the programs in flight share a few heads' K and V
+    in L2. Round-robin over single causal tiles was 0.72-0.73x the one-program-a-tile forward at head dim 128
+    (results/attention/gluon_persistent/), where the hardware gives the next program to whichever SM frees first.
+    Otherwise one query tile, in `_work_item`'s order, the longest first under a mask."""
+    if PAIRED:
+        per_head = (n_m + 1) // 2
+        bh = u // per_head
+        i = u % per_head
+        first = n_m - 1 - i
+        second = i
+        count = 2 - (2 * i + 1 == n_m).to(gl.int32)
+    else:
+        first, bh = _work_item(u, n_m, n_bh, head_group)
+        if IS_CAUSAL:
+            first = n_m - 1 - first
+        second = first
+        count = 1
+    return bh, first, second, count
+
+
+@gluon.jit
+def _fwd_item(bh, pid_m, nheads, group, seqlen, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+              IS_CAUSAL: gl.constexpr):
+    """Query tile pid_m of (batch x head) bh: (start_m, key tiles, key tiles without a mask, Q's first row, K's and
+    V's first row, Q's column, K's and V's column)."""
+    b = bh // nheads
+    h = bh % nheads
+    start_m = pid_m * BLOCK_M
+    if IS_CAUSAL:
+        n_tiles = gl.cdiv(start_m + BLOCK_M, BLOCK_N)
+        n_full = (start_m + 1) // BLOCK_N  # tiles whose last key every row of this tile sees: no mask
+    else:
+        n_tiles = seqlen // BLOCK_N
+        n_full = n_tiles
+    kv_row0 = b * seqlen
+    return start_m, n_tiles, n_full, kv_row0 + start_m, kv_row0, h * HEAD_DIM, (h // group) * HEAD_DIM
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m, n_bh,
+            nheads, group, seqlen, head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+            STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """Per item: Q's two halves into Q buffer it % Q_BUFFERS once its last item's O has left it, then the item's
+    K and V tiles into the ring, which runs on from item to item."""
+    SUB_M: gl.constexpr = BLOCK_M // 2
+    KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
+    Q_BYTES: gl.constexpr = SUB_M * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
+    it = 0  # items done by this program
+    g = 0  # K/V tiles loaded so far, over all items: the ring's position
+    for u in range(gl.program_id(0), _n_units(n_m, n_bh, PAIRED), gl.num_programs(0)):
+        bh, first, second, count = _fwd_unit(u, n_m, n_bh, head_group, IS_CAUSAL, PAIRED)
+        for half in range(count):
+            start_m, n_tiles, n_full, q_row0, kv_row0, q_col, kv_col = _fwd_item(
+                bh, gl.where(half == 0, first, second), nheads, group, seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
+            qb = it % Q_BUFFERS
+            for w in gl.static_range(2):
+                # a fresh barrier passes parity 1 at once
+                mbarrier.wait(q_empty.index(2 * qb + w), ((it // Q_BUFFERS) & 1) ^ 1)
+                mbarrier.expect(q_ready.index(2 * qb + w), Q_BYTES)
+                tma.async_copy_global_to_shared(q_desc, [q_row0 + w * SUB_M, q_col], q_ready.index(2 * qb + w),
+                                                q_smem.index(2 * qb + w))
+            for j in range(n_tiles):
+                slot = g % STAGES
+                mbarrier.wait(kv_empty.index(slot), ((g // STAGES) & 1) ^ 1)
+                mbarrier.expect(k_ready.index(slot), KV_BYTES)
+                tma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, kv_col], k_ready.index(slot),
+                                                k_smem.index(slot))
+                mbarrier.expect(v_ready.index(slot), KV_BYTES)
+                tma.async_copy_global_to_shared(v_desc, [kv_row0 + j * BLOCK_N, kv_col], v_ready.index(slot),
+                                                v_smem.index(slot))
+                g += 1
+            it += 1
+
+
+@gluon.jit
+def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+              turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
+    issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
+    Q buffers are counted across items, so the next item's first S follows this one's epilogue at once."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = _lhs_layout(4, HEAD_DIM)
-    my_q = q_smem.index(W)
     my_turn = turns.index(W)
     other_turn = turns.index(1 - W)
-    rows = start_m + W * SUB_M + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
-    m_i = gl.full([SUB_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([SUB_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([SUB_M, HEAD_DIM], gl.float32, layout=o_layout)
     s_init = gl.zeros([SUB_M, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bars.index(W), 0)
+    it = 0
+    g = 0  # the ring position of this item's first K/V tile
+    tc = 0  # waits on my_turn so far: its parity is the phase to wait for
+    for u in range(gl.program_id(0), _n_units(n_m, n_bh, PAIRED), gl.num_programs(0)):
+        bh, first, second, count = _fwd_unit(u, n_m, n_bh, head_group, IS_CAUSAL, PAIRED)
+        for half in range(count):
+            start_m, n_tiles, n_full, q_row0, kv_row0, q_col, kv_col = _fwd_item(
+                bh, gl.where(half == 0, first, second), nheads, group, seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
+            qi = 2 * (it % Q_BUFFERS) + W
+            my_q = q_smem.index(qi)
+            rows = start_m + W * SUB_M + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
+            m_i = gl.full([SUB_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([SUB_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([SUB_M, HEAD_DIM], gl.float32, layout=o_layout)
+            mbarrier.wait(q_ready.index(qi), (it // Q_BUFFERS) & 1)
 
-    # round 0: S(0) alone
-    mbarrier.wait(k_ready.index(0), 0)
-    mbarrier.wait(my_turn, 0)
-    s_tok = warpgroup_mma(my_q, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    mbarrier.arrive(other_turn)
-    s = warpgroup_mma_wait(0, (s_tok,))
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
+            # round 0: S(0) alone
+            slot = g % STAGES
+            mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
+            mbarrier.wait(my_turn, tc & 1)
+            tc += 1
+            s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+            mbarrier.arrive(other_turn)
+            s = warpgroup_mma_wait(0, (s_tok,))
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-    # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
-    for j in range(1, n_tiles):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        mbarrier.wait(my_turn, j & 1)
-        s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        mbarrier.arrive(other_turn)
-        s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full, IS_CAUSAL,
-                                           s_layout)
-        acc = warpgroup_mma_wait(0, (acc_tok,))
-        mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
+            # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
+            for j in range(1, n_tiles):
+                gj = g + j
+                slot = gj % STAGES
+                prev = (gj - 1) % STAGES
+                mbarrier.wait(k_ready.index(slot), (gj // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((gj - 1) // STAGES) & 1)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                mbarrier.wait(my_turn, tc & 1)
+                tc += 1
+                s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                mbarrier.arrive(other_turn)
+                s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
+                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full, IS_CAUSAL,
+                                                   s_layout)
+                acc = warpgroup_mma_wait(0, (acc_tok,))
+                mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-    # round n: P(n-1) V(n-1)
-    last = (n_tiles - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    mbarrier.wait(my_turn, n_tiles & 1)
-    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    mbarrier.arrive(other_turn)
-    acc = warpgroup_mma_wait(0, (acc_tok,))
-    mbarrier.arrive(kv_empty.index(last))
+            # round n: P(n-1) V(n-1)
+            glast = g + n_tiles - 1
+            last = glast % STAGES
+            mbarrier.wait(v_ready.index(last), (glast // STAGES) & 1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            mbarrier.wait(my_turn, tc & 1)
+            tc += 1
+            acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+            mbarrier.arrive(other_turn)
+            acc = warpgroup_mma_wait(0, (acc_tok,))
+            mbarrier.arrive(kv_empty.index(last))
 
-    acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-    my_q.store(acc.to(dtype))  # this warpgroup's Q tile is no longer read: it takes O on the way out
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [q_row0 + W * SUB_M, q_col], my_q)
-    gl.store(LSE + lse_row0 + rows, m_i + gl.log2(l_i))
-    tma.store_wait(0)
+            acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+            my_q.store(acc.to(dtype))  # this Q buffer is no longer read: it takes O on the way out
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [q_row0 + W * SUB_M, q_col], my_q)
+            gl.store(LSE + bh.to(gl.int64) * seqlen + rows, m_i + gl.log2(l_i))
+            tma.store_wait(0)  # O has left the buffer: the loader may put item it + Q_BUFFERS's Q there
+            mbarrier.arrive(q_empty.index(qi))
+            g += n_tiles
+            it += 1
 
 
 # warp_specialize takes one function per partition; the consumer's index must be a constexpr
 @gluon.jit
-def _consumer0(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, q_row0, q_col,
-               lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    _consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, q_row0, q_col,
-              lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)
+def _consumer0(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
+               nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               PAIRED: gl.constexpr):
+    _consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
+              nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
+              PAIRED)
 
 
 @gluon.jit
-def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, q_row0, q_col,
-               lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    _consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, q_row0, q_col,
-              lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)
+def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
+               nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               PAIRED: gl.constexpr):
+    _consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
+              nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
+              PAIRED)
 
 
 @gluon.jit
-def _tile_and_head(n_tiles, head_group):
-    """(tile, batch x head) of this program in a 1-D grid of n_tiles x (batch x heads) programs, launched in groups
-    of head_group heads, tile by tile within a group: 1 runs one head's tiles back to back (its K and V, or Q and
-    dO, shared in L2 by the programs in flight); more heads per group launch the tiles of equal work of several
-    heads together, so under a causal mask the longest programs do not trail in the last wave."""
-    pid = gl.program_id(0)
-    n_heads = gl.num_programs(0) // n_tiles
-    per_group = head_group * n_tiles
-    first = (pid // per_group) * head_group
-    r = pid % per_group
-    here = gl.minimum(n_heads - first, head_group)  # the last group may have fewer
-    return r // here, first + r % here
-
-
-@gluon.jit
-def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, group, qk_scale, head_group,
-                HEAD_DIM: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr):
-    # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`)
-    SUB_M: gl.constexpr = BLOCK_M // 2
+def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
+    # runs work units pid, pid + programs, ... (`_fwd_unit`): one a program on a grid of every unit, or many on a
+    # persistent grid of one program a SM
     dtype: gl.constexpr = q_desc.dtype
-    q_layout: gl.constexpr = q_desc.layout
-    kv_layout: gl.constexpr = k_desc.layout
+    SUB_M: gl.constexpr = BLOCK_M // 2
     n_m = seqlen // BLOCK_M
-    pid_m, bh = _tile_and_head(n_m, head_group)
-    if IS_CAUSAL:  # the longest rows first, so the short ones fill the last wave
-        pid_m = n_m - 1 - pid_m
-    b = bh // nheads
-    h = bh % nheads
-    start_m = pid_m * BLOCK_M
-
-    q_smem = gl.allocate_shared_memory(dtype, [2, SUB_M, HEAD_DIM], q_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_smem = gl.allocate_shared_memory(dtype, [2 * Q_BUFFERS, SUB_M, HEAD_DIM], q_desc.layout)  # [buffer x consumer]
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2 * Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2 * Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2 * Q_BUFFERS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
@@ -268,27 +383,18 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, group, qk_s
         mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
     mbarrier.arrive(turns.index(0))  # consumer 0 issues first
     fence_async_shared()
-
-    if IS_CAUSAL:
-        n_tiles = gl.cdiv(start_m + BLOCK_M, BLOCK_N)
-        n_full = (start_m + 1) // BLOCK_N  # tiles whose last key every row of this program sees: no mask
-    else:
-        n_tiles = seqlen // BLOCK_N
-        n_full = n_tiles
-    kv_row0 = b * seqlen
-    q_row0 = kv_row0 + start_m
-    q_col = h * HEAD_DIM
-    kv_col = (h // group) * HEAD_DIM
-    lse_row0 = bh.to(gl.int64) * seqlen
     # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
     # tensors on the way into the partitions
     gl.warp_specialize([
-        (_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, q_row0, q_col,
-                      lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)),
-        (_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns, q_row0, q_col,
-                      lse_row0, start_m, n_tiles, n_full, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, IS_CAUSAL)),
-        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, q_row0,
-                   kv_row0, q_col, kv_col, n_tiles, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES))],
+        (_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
+                      n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                      Q_BUFFERS, IS_CAUSAL, PAIRED)),
+        (_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
+                      n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                      Q_BUFFERS, IS_CAUSAL, PAIRED)),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
+                   n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
+                   PAIRED))],
         [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -344,24 +450,35 @@ def head_tiles(t: torch.Tensor, block_rows: int, layout) -> TensorDescriptor:
     return desc
 
 
-def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, tiles=None) -> None:
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int | None = None) -> None:
     """Fill o (batch, seqlen, nheads, head_dim), contiguous, and lse (batch, nheads, seqlen) float32, contiguous, with
     the attention of q, k, v; qk_scale = softmax scale * log2(e) (the LSE is base 2). The caller has checked
-    `unsupported` and the TMA layout of q, k, v (kernels.flash._ws_layout_problem). tiles: (BLOCK_M, BLOCK_N,
-    STAGES), FWD_TILES[head dim] unless given (the prototype's sweeps)."""
+    `unsupported` and the TMA layout of q, k, v (kernels.flash._ws_layout_problem). programs: at most this many
+    programs (tests: each then runs many work units), else one a SM where `fwd_persistent`, one a unit elsewhere."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (o.is_contiguous() and lse.is_contiguous() and o.dtype == q.dtype
             and lse.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_forward: o must be contiguous in q's dtype and lse contiguous (batch, nheads, seqlen)")
-    block_m, block_n, stages = tiles or FWD_TILES[head_dim]
+    block_m, block_n, stages, q_buffers = FWD_TILES[head_dim]
+    persistent = fwd_persistent(head_dim, seqlen, causal)
+    paired = causal and persistent
+    n_m = seqlen // block_m
+    units = ((n_m + 1) // 2 if paired else n_m) * batch * nheads  # `_n_units`
+    if programs is None and persistent:
+        programs = _sm_count(q.device.index)
     dtype = _GL_DTYPES[q.dtype]
     q_layout, kv_layout = _shared_layout(block_m // 2, head_dim, dtype), _shared_layout(block_n, head_dim, dtype)
-    launch(_fwd_kernel, (seqlen // block_m * batch * nheads,),
+    launch(_fwd_kernel, (min(units, programs or units),),
            (head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
-            head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, nheads // k.shape[2], qk_scale,
+            head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, batch * nheads, nheads // k.shape[2], qk_scale,
             launch_head_group(seqlen, causal)),
-           dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal,
-                CONSUMER_REGS=CONSUMER_REGS, num_warps=4))
+           dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
+                IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS, num_warps=4))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""The persistent forward's barrier protocol (persistent.py), simulated on the CPU with the shipped forward's simulator
-(../gluon_fwd/protocol_sim.py: mbarriers with hardware parity semantics, TMA copies that land at random later times,
-a random scheduler). The loader and the two consumers are generators that mirror persistent.py's waits and arrives
-line for line, over several work items of one program; a change to the kernel's protocol belongs here too.
+"""The Gluon forward's barrier protocol across work items (kernels/flash_gluon.py `_loader`, `_consumer`: the persistent
+form shipped in session 34), simulated on the CPU with the simulator written for the one-item-a-program forward before
+it (../gluon_fwd/protocol_sim.py: mbarriers with hardware parity semantics, TMA copies that land at random later
+times, a random scheduler). The loader and the two consumers are generators that mirror the kernel's waits and
+arrives line for line, over the work items of one program (a causal pair of query tiles is two items of different
+lengths); a change to the kernel's protocol belongs here too.
 
 Checked over random interleavings, item lists (equal or varying key tiles), ring depths and Q buffer counts: nothing
 deadlocks; a consumer reads a Q buffer or K/V slot only while it holds the tile it expects; the loader refills a K/V
