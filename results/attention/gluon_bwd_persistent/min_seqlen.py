@@ -1,0 +1,65 @@
+"""Where the head-dim-64 Gluon backward should start (flash_gluon.BWD_MIN_SEQLEN, 2K today) once it is persistent:
+kernels.flash._flash_bwd with the Gluon backward forced on at every length against the @triton.jit backward (its
+two kernels, delta in the dQ kernel), at 512-2K tokens, causal and not, at the table's shape (16K tokens a batch,
+32 heads) and GPT-2 small's (16 x 1K, 12 heads). Each call eager (do_bench: host included) and replayed from a CUDA
+graph (the device alone), three alternating rounds, median. Run with ship.patch applied (device.sh does).
+
+    python results/attention/gluon_bwd_persistent/min_seqlen.py   # GPU (sm_90)
+"""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+import torch  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+import kernels.flash as F  # noqa: E402
+import kernels.flash_gluon as G  # noqa: E402
+
+
+def graphed(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def main():
+    G.BWD_MIN_SEQLEN = dict.fromkeys(G.BWD_MIN_SEQLEN, 0)  # the choice is made by `gluon=` below, at every length
+    print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}; BWD_PERSISTENT_HEAD_DIMS "
+          f"{getattr(G, 'BWD_PERSISTENT_HEAD_DIMS', None)}", flush=True)
+    shapes = [(32, 512, 32), (16, 1024, 32), (8, 2048, 32), (16, 1024, 12)]  # (batch, tokens, heads), head dim 64
+    for b, n, h in shapes:
+        for causal in (False, True):
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v, do = (torch.randn(b, n, h, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+                           for _ in range(4))
+            scale = 64 ** -0.5
+            o, lse, seed = F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, n, n)
+            fns = {kind: (lambda g=(kind == "gluon"): F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False,
+                                                                   None, None, n, n, gluon=g))
+                   for kind in ("gluon", "triton")}
+            graphs = {kind: graphed(fn) for kind, fn in fns.items()}
+            times = {f"{kind}_{mode}": [] for kind in fns for mode in ("eager", "graphed")}
+            for r in range(3):
+                for kind in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                    times[f"{kind}_eager"].append(do_bench(fns[kind], warmup=25, rep=40, return_mode="median"))
+                    times[f"{kind}_graphed"].append(do_bench(graphs[kind].replay, warmup=10, rep=40,
+                                                             return_mode="median"))
+            med = {name: sorted(t)[1] for name, t in times.items()}
+            print(json.dumps(dict(batch=b, seqlen=n, heads=h, causal=causal,
+                                  ms={k_: round(v_, 4) for k_, v_ in med.items()},
+                                  gluon_speedup_eager=round(med["triton_eager"] / med["gluon_eager"], 3),
+                                  gluon_speedup_graphed=round(med["triton_graphed"] / med["gluon_graphed"], 3),
+                                  rounds_ms=times)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
