@@ -12,17 +12,19 @@ can be written in it but not in `@triton.jit`. The forward:
                                     issued in turn with the other consumer (two mbarriers): one warpgroup's softmax
                                     runs while the other's matmuls do
 
-Persistent (`fwd_persistent`): one program a SM (132 on an H100) runs units pid, pid + 132, ..., so one item's start (Q's load, the first S)
-and end (the last P V, O's store) overlap the next item's loads instead of leaving the SM to the block scheduler.
-Under a causal mask a unit is a pair of query tiles whose work adds up to one full row (`_fwd_unit`). The barrier
-protocol across items is simulated on the CPU (results/attention/gluon_persistent/protocol_sim.py).
+Persistent (`fwd_persistent`): one program a SM (132 on an H100) runs units pid, pid + 132, ..., so one item's
+start (Q's load, the first S) and end (the last P V, O's store) overlap the next item's loads instead of leaving
+the SM to the block scheduler. Under a causal mask a unit is a pair of query tiles whose work adds up to one full
+row (`_fwd_unit`). The barrier protocol across items is simulated on the CPU
+(results/attention/gluon_persistent/protocol_sim.py).
 
 ptxas places the wait for P V before the softmax's exponentials whatever the source order, so the overlap inside one
 warpgroup that FlashAttention-3's paper also describes does not survive; the overlap between the two warpgroups
 does (results/attention/gluon_fwd/README.md). Measured on one H100 against the `@triton.jit` forward: 1.07-1.21x
 at head dim 128 from 1K tokens (results/attention/gluon_fwd/bench_h100.txt), 1.2-1.9x at 256 from 512
 (short_h100.txt, bench_h100_hd256.txt), 1.03-1.12x at 64 from 2K non-causal and 4K causal
-(results/attention/launch_direct/hd64_fwd_h100.txt); the persistent grid adds to these (FWD_TILES). The backward (`_bwd_kernel`, below) has its own account.
+(results/attention/launch_direct/hd64_fwd_h100.txt); the persistent grid adds to these (PERSISTENT_CAUSAL_UP_TO's
+comment). The backward (`_bwd_kernel`, below) has its own account.
 
 Both take TMA descriptors built on the host (`head_tiles`, passed by value as __grid_constant__ parameters) rather
 than building their own in every program: 1.1-1.3x at 1K-2K tokens, 1.0-1.07x from 4K
@@ -58,7 +60,7 @@ from kernels.launch import launch
 # 1.15-1.62x FlashAttention-2's on the H100: results/attention/gluon_fwd/bench_h100_hd256.txt); at 64 the best causal
 # ones of three (results/attention/launch_direct/hd64_fwd_h100.txt). Q_BUFFERS = 2 lets a persistent program load its
 # next item's Q while it computes this one; at 128 and 256 the second buffer does not fit beside a 3-stage / 2-stage
-# ring (at 128, 2 stages with 2 buffers were 0.81-0.91x: results/attention/gluon_persistent/bench_h100_s34a.txt).
+# ring (at 128, 2 stages with 2 buffers were 0.50-0.91x: results/attention/gluon_persistent/bench_h100_s34a.txt).
 FWD_TILES = {64: (128, 128, 3, 2), 128: (128, 128, 3, 1), 256: (128, 64, 2, 1)}
 # The persistent grid (one program a SM, each running many work units, `_fwd_unit`) against one tile a program, the
 # forward alone on one H100, 16K tokens a batch, three runs (results/attention/gluon_persistent/README.md): head dim
