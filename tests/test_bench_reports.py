@@ -151,6 +151,34 @@ def test_model_shapes_time_every_provider_at_both_shapes_and_count_real_tokens(m
     assert f"{int(lengths.sum()):,} real tokens of 28,672" in md
 
 
+def test_graphed_upto_graphs_only_the_short_rows(tmp_path, monkeypatch):
+    """--graphed-upto N: CUDA-graph times at lengths up to N, for the interleaved peers (never the standard
+    baseline, timed alone); the longer rows stay eager only."""
+    import sys
+
+    import bench_attention as ba
+
+    calls = []
+
+    def bench_point(names, b, h, n, d, causal, modes, memory, rep, rounds, setup=None, flop_count=None,
+                    graphed=False):
+        calls.append((tuple(names), n, graphed))
+        return [{"provider": p, "hdim": d, "seqlen": n, "batch": b, "heads": h, "causal": causal, "fwd_ms": 1.0,
+                 "fwdbwd_ms": 2.0, "fwd_tflops": 1.0, "fwdbwd_tflops": 1.0} for p in names]
+
+    monkeypatch.setattr(ba, "bench_point", bench_point)
+    monkeypatch.setattr(ba, "autotune_picks", lambda: {})
+    monkeypatch.setattr(ba, "standard_fits", lambda b, h, n: True)
+    monkeypatch.setattr(ba, "plot", lambda rows, path: None)
+    monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--seqlens", "512", "1024", "4096", "--hdims", "64",
+                                      "--causal", "no", "--providers", "ours", "standard", "sdpa_cudnn",
+                                      "--no-gpt2", "--no-memory", "--graphed-upto", "1024", "--out", str(tmp_path)])
+    ba.main()
+    assert calls == [(("ours", "sdpa_cudnn"), 512, True), (("standard",), 512, False),
+                     (("ours", "sdpa_cudnn"), 1024, True), (("standard",), 1024, False),
+                     (("ours", "sdpa_cudnn"), 4096, False), (("standard",), 4096, False)]
+
+
 def test_attention_table_adds_graphed_ratios_only_when_measured():
     """--graphed: one more column, the forward+backward ratio of CUDA-graph replays against each peer that has one;
     without graph times the table keeps its columns."""

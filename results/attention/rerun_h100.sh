@@ -18,8 +18,9 @@ export PYTHONUNBUFFERED=1
 W=/tmp/rerun_$1
 mkdir -p $W
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $W/gpu.txt
+# --graphed-upto 2048 (from session 35 on): CUDA-graph ratios beside the eager ones where the eager rows are the host's
 T="python scripts/bench_attention.py --providers ours standard sdpa_flash sdpa_cudnn flex --flex-seqlens 1024 4096 16384
-   --rep 30 --rounds 3 --seqlens 512 1024 2048 4096 8192 16384 32768 65536"
+   --rep 30 --rounds 3 --seqlens 512 1024 2048 4096 8192 16384 32768 65536 --graphed-upto 2048"
 case $1 in
 tests)
   FLASH_AUTOTUNE=0 timeout 500 python -m pytest -q -m gpu tests/test_flash.py tests/test_flash_gluon.py \
@@ -30,8 +31,8 @@ hd128)
   $T --hdims 128 --no-gpt2 --out $W --tag h100_hd128 2>&1 | tail -30 ;;
 hd256)
   python scripts/bench_attention.py --hdims 256 --seqlens 512 1024 2048 4096 8192 16384 --providers ours standard \
-    sdpa_flash sdpa_cudnn flex --flex-seqlens 1024 4096 16384 --rep 30 --rounds 3 --no-gpt2 --out $W \
-    --tag h100_hd256 2>&1 | tail -30 ;;
+    sdpa_flash sdpa_cudnn flex --flex-seqlens 1024 4096 16384 --rep 30 --rounds 3 --graphed-upto 2048 --no-gpt2 \
+    --out $W --tag h100_hd256 2>&1 | tail -30 ;;
 blocksparse)
   timeout 560 python scripts/bench_blocksparse.py --rep 25 --out $W --tag h100 2>&1 | tee $W/h100.log | tail -30 ;;
 *) echo "usage: $0 tests|hd64|hd128|hd256|blocksparse"; exit 2 ;;
