@@ -254,23 +254,39 @@ def _bwd_persistent_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dq
         [1, 1], [24, 24])
 
 
-# KV_BUFFERS per head dim to try: 2 where a second K/V buffer fits beside the shipped rings (head dim 64), else 1
-KV_BUFFERS = {64: (2, 1), 128: (1,)}
+# Variants per head dim: KV_BUFFERS 2 where a second K/V buffer fits beside the shipped rings (head dim 64), else 1;
+# at head dim 128 also 64-key tiles (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) = (64, 64, 2, 2), whose two K/V buffers fit
+# (214 KB) and which compile without spills (the shipped 128-key tiles spill 24-64 bytes): added after session 34's
+# GPU run, not yet timed
+VARIANTS = {64: [dict(kv_buffers=2), dict(kv_buffers=1)],
+            128: [dict(kv_buffers=1), dict(kv_buffers=2, tiles=(64, 64, 2, 2))]}
+
+
+def _variant_name(var: dict) -> str:
+    return f"persistent_kv{var['kv_buffers']}" + ("_tiles" + "_".join(map(str, var["tiles"])) if "tiles" in var else "")
+
+
+def _layouts(block_m: int, block_n: int, head_dim: int, dtype) -> dict:
+    """G.bwd_layouts's shared layouts, for any tiles."""
+    return dict(q_layout=G._shared_layout(block_m, head_dim, dtype),
+                kv_layout=G._shared_layout(block_n, head_dim, dtype), ds_layout=G._shared_layout(block_n, block_m, dtype),
+                dqa_layout=G._shared_layout(block_m, head_dim, gl.float32))
 
 
 def backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, kv_buffers: int | None = None,
-             programs: int | None = None, persistent: bool = True) -> None:
+             programs: int | None = None, persistent: bool = True, tiles: tuple | None = None) -> None:
     """G.gluon_backward's contract on the persistent kernel: min(units, SMs) programs (or `programs`), or with
-    persistent=False one unit a program (pairs off: the shipped schedule)."""
+    persistent=False one unit a program (pairs off: the shipped schedule); tiles: (BLOCK_M, BLOCK_N, STAGES,
+    DQ_STAGES) instead of G.BWD_TILES's."""
     batch, seqlen, nheads, head_dim = q.shape
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
-    block_m, block_n, stages, dq_stages = G.BWD_TILES[head_dim]
-    kvb = kv_buffers or KV_BUFFERS[head_dim][0]
+    block_m, block_n, stages, dq_stages = tiles or G.BWD_TILES[head_dim]
+    kvb = kv_buffers or VARIANTS[head_dim][0]["kv_buffers"]
     paired = causal and persistent
     n_n = seqlen // block_n
     units = ((n_n + 1) // 2 if paired else n_n) * batch * nheads
     grid = min(units, programs or G._sm_count(q.device.index)) if persistent else units
-    lay = G.bwd_layouts(head_dim, G._GL_DTYPES[q.dtype])
+    lay = _layouts(block_m, block_n, head_dim, G._GL_DTYPES[q.dtype])
     queries = lambda t: G.head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
     keys = lambda t: G.head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
     launch(_bwd_persistent_kernel, (grid,),
@@ -286,13 +302,15 @@ def backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: 
 # ------------------------------------------------------------------------------------------------------------- modes
 
 def compile_report():
-    """sm_90 resources of the shipped backward and each persistent variant, head dims 64 and 128, causal and not."""
+    """sm_90 resources of the shipped backward and each persistent variant, head dims 64 and 128 (and 128 with
+    64-key tiles), causal and not."""
     import kernel_resources as R
 
     rows = []
-    for head_dim in (64, 128):
-        block_m, block_n, stages, dq_stages = G.BWD_TILES[head_dim]
-        lay = G.bwd_layouts(head_dim, gl.bfloat16)
+    for head_dim, tiles, kv_buffers in ((64, G.BWD_TILES[64], (1, 2)), (128, G.BWD_TILES[128], (1, 2)),
+                                        (128, (64, 64, 2, 2), (1, 2))):
+        block_m, block_n, stages, dq_stages = tiles
+        lay = _layouts(block_m, block_n, head_dim, gl.bfloat16)
         desc = lambda r, name, t="bf16": R.tensordesc(t, [r, head_dim], lay[name])  # noqa: E731
         types = dict(q_desc=desc(block_m, "q_layout"), do_desc=desc(block_m, "q_layout"),
                      **{n: desc(block_n, "kv_layout") for n in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
@@ -300,13 +318,13 @@ def compile_report():
         for causal in (False, True):
             consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                           IS_CAUSAL=causal, WARPS=G.BWD_WARPS, ds_layout=lay["ds_layout"])
-            runs = [("shipped", G._bwd_kernel, consts)]
+            runs = [("shipped", G._bwd_kernel, consts)] if tiles == G.BWD_TILES[head_dim] else []
             runs += [(f"persistent, {kvb} K/V buffer(s)", _bwd_persistent_kernel,
-                      dict(consts, KV_BUFFERS=kvb, PAIRED=causal)) for kvb in (1, 2)]
+                      dict(consts, KV_BUFFERS=kvb, PAIRED=causal)) for kvb in kv_buffers]
             for name, kernel, kconsts in runs:
                 r = R.resources(kernel, kconsts, G.BWD_WARPS, stages, sass=True, types=types)
-                rows.append(dict(kernel=name, head_dim=head_dim, causal=causal, regs=r["regs"], stack=r["stack"],
-                                 smem=r["smem"], fits=r["smem"] <= R.H100_SMEM_PER_BLOCK,
+                rows.append(dict(kernel=name, head_dim=head_dim, tiles=tiles, causal=causal, regs=r["regs"],
+                                 stack=r["stack"], smem=r["smem"], fits=r["smem"] <= R.H100_SMEM_PER_BLOCK,
                                  hgmma=r["ops"].get("HGMMA", 0)))
                 print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -337,7 +355,7 @@ def check():
             scale = head_dim ** -0.5
             ref = [torch.empty_like(q) for _ in range(3)]
             G.gluon_backward(do, q, k, v, lse, delta, *ref, scale, causal)
-            variants = [dict(kv_buffers=kvb, programs=p) for kvb in KV_BUFFERS[head_dim] for p in (None, 1, 7)]
+            variants = [dict(var, programs=p) for var in VARIANTS[head_dim] for p in (None, 1, 7)]
             variants.append(dict(persistent=False))
             for var in variants:
                 got = [torch.full_like(q, float("nan")) for _ in range(3)]
@@ -367,9 +385,9 @@ def bench(rounds: int, rep: int, head_dims, seqlens):
                 grads = [torch.empty_like(q) for _ in range(3)]
                 scale = head_dim ** -0.5
                 fns = {"shipped": functools.partial(G.gluon_backward, do, q, k, v, lse, delta, *grads, scale, causal)}
-                for kvb in KV_BUFFERS[head_dim]:
-                    fns[f"persistent_kv{kvb}"] = functools.partial(backward, do, q, k, v, lse, delta, *grads, scale,
-                                                                   causal, kv_buffers=kvb)
+                for var in VARIANTS[head_dim]:
+                    fns[_variant_name(var)] = functools.partial(backward, do, q, k, v, lse, delta, *grads, scale,
+                                                                causal, **var)
                 fns["one_unit"] = functools.partial(backward, do, q, k, v, lse, delta, *grads, scale, causal,
                                                     persistent=False)
                 for fn in fns.values():
