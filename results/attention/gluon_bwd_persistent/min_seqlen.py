@@ -10,25 +10,16 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+from _common import capture_graph, repo_root  # noqa: E402
+
+repo_root()  # the checkout on sys.path: kernels below
+
 import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 import kernels.flash as F  # noqa: E402
 import kernels.flash_gluon as G  # noqa: E402
-
-
-def graphed(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def main():
@@ -46,7 +37,7 @@ def main():
             fns = {kind: (lambda g=(kind == "gluon"): F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False,
                                                                    None, None, n, n, gluon=g))
                    for kind in ("gluon", "triton")}
-            graphs = {kind: graphed(fn) for kind, fn in fns.items()}
+            graphs = {kind: capture_graph(fn, ()) for kind, fn in fns.items()}
             times = {f"{kind}_{mode}": [] for kind in fns for mode in ("eager", "graphed")}
             for r in range(3):
                 for kind in (list(fns) if r % 2 == 0 else list(fns)[::-1]):

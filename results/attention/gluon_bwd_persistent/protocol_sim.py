@@ -132,21 +132,12 @@ def compute(s, blocks, stages, dq_stages, kv_buffers, bug):
     yield from s.store_wait()
 
 
-def dq_writer(s, blocks, dq_stages):
-    g = 0
-    for _, n_tiles in blocks:
-        for _ in range(n_tiles):
-            d = g % dq_stages
-            yield s.dq_full[0][d], (g // dq_stages) & 1
-            s.reduce(0, d, g)
-            s.dq_empty[0][d].arrive()  # after tma.store_wait(0): the TMA unit has read the slot
-            g += 1
-
-
 def simulate(blocks, stages, dq_stages, kv_buffers, rng, bug=None):
     s = Sim(stages, dq_stages, kv_buffers, rng)
     s.run({"loader": loader(s, blocks, stages, kv_buffers, bug),
-           "compute": compute(s, blocks, stages, dq_stages, kv_buffers, bug), "dq": dq_writer(s, blocks, dq_stages)})
+           "compute": compute(s, blocks, stages, dq_stages, kv_buffers, bug),
+           # the dQ warp's ring runs on across key blocks: the shipped backward's, over all their query tiles
+           "dq": _bwd.dq_writer(s, sum(t for _, t in blocks), dq_stages, None)})
     n = sum(t for _, t in blocks)
     if sorted(s.reduced) != [(0, t) for t in range(n)]:
         raise AssertionError("dQ tiles not each reduced once")
