@@ -4,7 +4,7 @@ Gluon (`triton.experimental.gluon`, shipped with Triton 3.6) makes shared-memory
 asynchronous wgmma and warp specialisation explicit. FlashAttention-3's structure (Shah et al., 2024, section 3.1)
 can be written in it but not in `@triton.jit`. The forward:
 
-    a work item = 128 query rows of one (batch, head); a program runs one or many (`_fwd_unit`); three partitions:
+    a work item = 128 query rows of one (batch, head); a program runs one or many (`_work_unit`); three partitions:
     loader (1 warp, 24 registers)   per item Q's two 64-row halves by TMA into one of Q_BUFFERS buffers, then K(j),
                                     V(j) into a STAGES-deep ring that runs on across items; a slot is refilled once
                                     both consumers have released it (count-2 mbarrier)
@@ -15,7 +15,7 @@ can be written in it but not in `@triton.jit`. The forward:
 Persistent (`fwd_persistent`): one program a SM (132 on an H100) runs units pid, pid + 132, ..., so one item's
 start (Q's load, the first S) and end (the last P V, O's store) overlap the next item's loads instead of leaving
 the SM to the block scheduler. Under a causal mask a unit is a pair of query tiles whose work adds up to one full
-row (`_fwd_unit`). The barrier protocol across items is simulated on the CPU
+row (`_work_unit`). The barrier protocol across items is simulated on the CPU
 (results/attention/gluon_persistent/protocol_sim.py).
 
 ptxas places the wait for P V before the softmax's exponentials whatever the source order, so the overlap inside one
@@ -62,7 +62,7 @@ from kernels.launch import launch
 # next item's Q while it computes this one; at 128 and 256 the second buffer does not fit beside a 3-stage / 2-stage
 # ring (at 128, 2 stages with 2 buffers were 0.50-0.91x: results/attention/gluon_persistent/bench_h100_s34a.txt).
 FWD_TILES = {64: (128, 128, 3, 2), 128: (128, 128, 3, 1), 256: (128, 64, 2, 1)}
-# The persistent grid (one program a SM, each running many work units, `_fwd_unit`) against one tile a program, the
+# The persistent grid (one program a SM, each running many work units, `_work_unit`) against one tile a program, the
 # forward alone on one H100, 16K tokens a batch, three runs (results/attention/gluon_persistent/README.md): head dim
 # 64 non-causal 1.41x at 512, 1.19-1.21x at 1K, 1.09-1.11x at 2K, 1.04-1.06x at 4K, 0.96-1.05x from 8K; causal
 # (pairs) 1.05-1.15x at 1K-4K, 0.99-1.01x at 8K, 0.97-0.98x at 16K; head dim 128 non-causal 1.00-1.09x at every
@@ -77,7 +77,7 @@ def fwd_persistent(head_dim: int, seqlen: int, causal: bool) -> bool:
     return head_dim in PERSISTENT_HEAD_DIMS and not (causal and seqlen > PERSISTENT_CAUSAL_UP_TO)
 
 
-# Heads per launch group (`_tile_and_head`): 8 under a causal mask up to 8K tokens, else 1. Two sweeps of groups 1-16
+# Heads per launch group (`_work_item`): 8 under a causal mask up to 8K tokens, else 1. Two sweeps of groups 1-16
 # on one H100 (results/attention/head_order/): causal, head dim 128, group 8 against 1: backward 1.01-1.06x and forward
 # 0.98-1.04x at 1K-8K; at 16K-32K 0.95-1.01x; non-causal, where every program does the same work, 0.93-0.99x.
 CAUSAL_HEAD_GROUP, CAUSAL_GROUP_UP_TO = 8, 8192
@@ -154,43 +154,40 @@ def _work_item(t, n_tiles, n_bh, head_group):
 
 
 @gluon.jit
-def _tile_and_head(n_tiles, head_group):
-    """`_work_item` of this program in a 1-D grid of n_tiles x (batch x heads) programs."""
-    return _work_item(gl.program_id(0), n_tiles, gl.num_programs(0) // n_tiles, head_group)
-
-
-@gluon.jit
-def _n_units(n_m, n_bh, PAIRED: gl.constexpr):
-    """Work units of the forward (`_fwd_unit`)."""
+def _n_units(n_tiles, n_bh, PAIRED: gl.constexpr):
+    """Work units of n_tiles tiles x n_bh heads (`_work_unit`)."""
     if PAIRED:
-        return (n_m + 1) // 2 * n_bh
+        return (n_tiles + 1) // 2 * n_bh
     else:
-        return n_m * n_bh
+        return n_tiles * n_bh
 
 
 @gluon.jit
-def _fwd_unit(u, n_m, n_bh, head_group, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
-    """Work unit u: (batch x head, its first query tile, its second, how many of the two it has).
+def _work_unit(u, n_tiles, n_bh, head_group, PAIRED: gl.constexpr, REVERSE: gl.constexpr):
+    """Work unit u of n_tiles tiles (query tiles for the forward, key blocks for the backward) x n_bh heads:
+    (batch x head, its first tile, its second, how many of the two it has). REVERSE counts tiles from the end (the
+    forward under a mask, where the last query tiles are the longest).
 
-    PAIRED (causal, persistent): query tiles n_m-1-i and i of one head, the longer first. Each pair has n_m + 1 key
-    tiles' work (the middle tile of an odd n_m is a unit alone), so the persistent grid's fixed round-robin of units
-    is as balanced as a non-causal one. Units run head by head, so the programs in flight share a few heads' K and V
-    in L2. Round-robin over single causal tiles was 0.72-0.73x the one-program-a-tile forward at head dim 128
-    (results/attention/gluon_persistent/), where the hardware gives the next program to whichever SM frees first.
-    Otherwise one query tile, in `_work_item`'s order, the longest first under a mask."""
+    PAIRED (causal, persistent): tiles i and n_tiles-1-i of one head, the longer first. Each pair has the same work
+    (one unmasked row of tiles plus one diagonal tile; the middle tile of an odd count is a unit alone), so the
+    persistent grid's fixed round-robin of units is as balanced as a non-causal one. Units run head by head, so the
+    programs in flight share a few heads' K and V (or Q and dO) in L2. Round-robin over single causal tiles was
+    0.72-0.73x the one-program-a-tile forward at head dim 128 (results/attention/gluon_persistent/), where the
+    hardware gives the next program to whichever SM frees first. Otherwise one tile, in `_work_item`'s order."""
     if PAIRED:
-        per_head = (n_m + 1) // 2
+        per_head = (n_tiles + 1) // 2
         bh = u // per_head
         i = u % per_head
-        first = n_m - 1 - i
-        second = i
-        count = 2 - (2 * i + 1 == n_m).to(gl.int32)
+        first = i
+        second = n_tiles - 1 - i
+        count = 2 - (2 * i + 1 == n_tiles).to(gl.int32)
     else:
-        first, bh = _work_item(u, n_m, n_bh, head_group)
-        if IS_CAUSAL:
-            first = n_m - 1 - first
+        first, bh = _work_item(u, n_tiles, n_bh, head_group)
         second = first
         count = 1
+    if REVERSE:
+        first = n_tiles - 1 - first
+        second = n_tiles - 1 - second
     return bh, first, second, count
 
 
@@ -224,7 +221,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
     it = 0  # items done by this program
     g = 0  # K/V tiles loaded so far, over all items: the ring's position
     for u in range(gl.program_id(0), _n_units(n_m, n_bh, PAIRED), gl.num_programs(0)):
-        bh, first, second, count = _fwd_unit(u, n_m, n_bh, head_group, IS_CAUSAL, PAIRED)
+        bh, first, second, count = _work_unit(u, n_m, n_bh, head_group, PAIRED, IS_CAUSAL)
         for half in range(count):
             start_m, n_tiles, n_full, q_row0, kv_row0, q_col, kv_col = _fwd_item(
                 bh, gl.where(half == 0, first, second), nheads, group, seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
@@ -268,7 +265,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     g = 0  # the ring position of this item's first K/V tile
     tc = 0  # waits on my_turn so far: its parity is the phase to wait for
     for u in range(gl.program_id(0), _n_units(n_m, n_bh, PAIRED), gl.num_programs(0)):
-        bh, first, second, count = _fwd_unit(u, n_m, n_bh, head_group, IS_CAUSAL, PAIRED)
+        bh, first, second, count = _work_unit(u, n_m, n_bh, head_group, PAIRED, IS_CAUSAL)
         for half in range(count):
             start_m, n_tiles, n_full, q_row0, kv_row0, q_col, kv_col = _fwd_item(
                 bh, gl.where(half == 0, first, second), nheads, group, seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
@@ -360,7 +357,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
-    # runs work units pid, pid + programs, ... (`_fwd_unit`): one a program on a grid of every unit, or many on a
+    # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
     dtype: gl.constexpr = q_desc.dtype
     SUB_M: gl.constexpr = BLOCK_M // 2
@@ -457,6 +454,15 @@ def _sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _grid(n_tiles: int, n_bh: int, paired: bool, persistent: bool, programs: int | None, device) -> tuple[int]:
+    """The launch grid over `_n_units`'s work units: min(units, programs), programs defaulting to one a SM where
+    persistent, to one a unit elsewhere."""
+    units = ((n_tiles + 1) // 2 if paired else n_tiles) * n_bh
+    if programs is None and persistent:
+        programs = _sm_count(device.index)
+    return (min(units, programs or units),)
+
+
 def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int | None = None) -> None:
     """Fill o (batch, seqlen, nheads, head_dim), contiguous, and lse (batch, nheads, seqlen) float32, contiguous, with
     the attention of q, k, v; qk_scale = softmax scale * log2(e) (the LSE is base 2). The caller has checked
@@ -469,13 +475,10 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
     block_m, block_n, stages, q_buffers = FWD_TILES[head_dim]
     persistent = fwd_persistent(head_dim, seqlen, causal)
     paired = causal and persistent
-    n_m = seqlen // block_m
-    units = ((n_m + 1) // 2 if paired else n_m) * batch * nheads  # `_n_units`
-    if programs is None and persistent:
-        programs = _sm_count(q.device.index)
+    grid = _grid(seqlen // block_m, batch * nheads, paired, persistent, programs, q.device)
     dtype = _GL_DTYPES[q.dtype]
     q_layout, kv_layout = _shared_layout(block_m // 2, head_dim, dtype), _shared_layout(block_n, head_dim, dtype)
-    launch(_fwd_kernel, (min(units, programs or units),),
+    launch(_fwd_kernel, grid,
            (head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
             head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, batch * nheads, nheads // k.shape[2], qk_scale,
             launch_head_group(seqlen, causal)),
@@ -487,7 +490,7 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
 # The backward: FlashAttention-3's division of labour (Shah et al., 2024, section 3.1 and appendix B), one kernel
 # and five matmuls per tile pair where kernels/flash.py's backward runs two kernels and seven.
 #
-#     one program = 128 keys of one (batch, head); three partitions:
+#     a key block = 128 keys of one (batch, head); a program runs one or many (`_work_unit`); three partitions:
 #     compute (8 warps, two warpgroups of 64 keys)  per query tile i (64 queries), scores kept transposed so that
 #                       P^T and dS^T are already the register operands dV and dK need:
 #                           S^T = K Q_i^T, dP^T = V dO_i^T        (async wgmma, issued together)
@@ -495,14 +498,17 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
 #                           dV += P^T dO_i; dS^T = P^T (dP^T - delta_i); dK += dS^T Q_i
 #                           dQ_i = dS K                            (dS^T through shared memory, read transposed)
 #                       then dQ_i into a DQ_STAGES-deep shared ring; at the end dK (times the scale) and dV by TMA
-#     loader (1 warp)   K and V once; Q_i, dO_i by TMA into a STAGES-deep ring, with LSE_i and delta_i beside them
+#     loader (1 warp)   per key block K and V into one of KV_BUFFERS buffers; Q_i, dO_i by TMA into a STAGES-deep
+#                       ring that runs on across key blocks, with LSE_i and delta_i beside them
 #     dQ writer (1 warp) adds each dQ_i from the ring to a float32 dQ buffer by one TMA reduce, frees the slot
 #
 # The TMA reduce makes dQ's summation order vary from run to run, so deterministic mode keeps kernels/flash.py's
 # backward. Measured on one H100 against it (results/attention/gluon_bwd/bench_h100_s25.txt, device-built descriptors):
 # 1.24-1.39x at head dim 128, 0.87-0.94x cuDNN's backward. At head dim 64, with host descriptors and direct launches
-# (results/attention/launch_direct/hd64_bwd_h100.txt): 1.05-1.10x from 2K, causal and not, 0.95-0.99x at 1K (GPT-2's
-# shape among them), hence from 2K there.
+# (results/attention/launch_direct/hd64_bwd_h100.txt): 1.05-1.10x from 2K, causal and not, 0.95-0.99x at 1K. The
+# persistent form (below) moved that: 1.03x / 1.03x eager at 1K, 1.00x / 1.02x at GPT-2's 12 heads (causal / not),
+# 0.91-0.98x at 512 (results/attention/gluon_bwd_persistent/min_seqlen_h100.txt), hence from 1K there. The barrier
+# protocol across key blocks is simulated on the CPU (results/attention/gluon_bwd_persistent/protocol_sim.py).
 # ---------------------------------------------------------------------------------------------------
 
 BWD_HEAD_DIMS = (64, 128, 256)
@@ -510,10 +516,19 @@ BWD_HEAD_DIMS = (64, 128, 256)
 # Q/dO ring (133 KB), 1.013-1.035x the 2-deep one at every length 1K-16K, causal and not, on one H100
 # (results/attention/gluon_bwd_stages/ab_h100.txt; deeper rings or dQ rings gained less); at 256
 # FlashAttention-3's (Shah et al., 2024): 64-key tiles, one stage, the only ones whose K, V, Q, dO, P^T, dS^T and dQ
-# tiles fit shared memory (214 KB); compiled for sm_90 it has no spills (results/attention/gluon_bwd256/
-# compile_sm90.txt), and on one H100 it is 1.08-1.30x the @triton.jit backward at 512-16K (check_h100.txt).
+# tiles fit shared memory (214 KB); compiled for sm_90 it had no spills (results/attention/gluon_bwd256/
+# compile_sm90.txt; 16 bytes since the kernel loops over key blocks), and on one H100 it is 1.08-1.30x the
+# @triton.jit backward at 512-16K (check_h100.txt).
 BWD_TILES = {64: (64, 128, 3, 2), 128: (64, 128, 2, 2), 256: (64, 64, 1, 1)}
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
+# The persistent grid (one program a SM running many key blocks, `_work_unit`; causal units are pairs of key blocks)
+# with a second K/V buffer (KV_BUFFERS = 2, 133 -> 166 KB: the next key block's K and V load while this one's are in
+# use, and its dK/dV store runs beside the next block's first tile), against one key block a program, on one H100
+# (results/attention/gluon_bwd_persistent/): head dim 64 1.02-1.11x non-causal and 1.02-1.15x causal at 1K-16K. At
+# head dim 128 the second buffer does not fit beside the rings (280 KB), and the persistent grid with one was
+# 0.97-1.07x, so head dims 128 and 256 run one key block a program (the same kernel, KV_BUFFERS = 1).
+BWD_KV_BUFFERS = {64: 2, 128: 1, 256: 1}
+BWD_PERSISTENT_HEAD_DIMS = (64,)
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
 # @triton.jit kernels at 1K
@@ -521,7 +536,7 @@ BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one war
 # 1.27-1.39x from 4K (results/attention/gluon_bwd/ab_h100.txt). At head dim 256 (results/attention/gluon_bwd256/
 # check_h100.txt) forward+backward gains 1.06-1.09x non-causal from 512 and 1.19-1.26x causal from 1K; at 512 causal
 # it lost (0.87x: the Gluon launch's host time shows there), so causal starts at 1K.
-BWD_MIN_SEQLEN = {(64, False): 2048, (64, True): 2048, (128, False): 1024, (128, True): 1024,
+BWD_MIN_SEQLEN = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 1024,
                   (256, False): 512, (256, True): 1024}
 
 
@@ -552,46 +567,68 @@ def _row_layout(n):
 
 
 @gluon.jit
-def _fill_qdo_ring(q_desc, do_desc, q_smem, do_smem, ready, empty, LSE, DELTA, lse_smem, delta_smem, stat_base, row0,
-                   col, lo, n_end, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """The backward loader's loop: query tiles lo .. n_end-1's Q, dO (by TMA), LSE and delta into the STAGES-deep ring,
-    a slot once the compute warps have released it."""
-    TILE_BYTES: gl.constexpr = q_smem.shape[1] * q_smem.shape[2] * q_smem.dtype.primitive_bitwidth // 8
-    for i in range(lo, n_end):
-        t = i - lo
-        slot = t % STAGES
-        mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        # LSE_i and delta_i stored before the expect's arrive, which releases them to the compute warps with the tile
-        offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
-        lse_smem.index(slot).store(gl.load(LSE + stat_base + offs))
-        delta_smem.index(slot).store(gl.load(DELTA + stat_base + offs))
-        mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
-        tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot), q_smem.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [row0 + i * BLOCK_M, col], ready.index(slot), do_smem.index(slot))
+def _key_block(bh, pid_n, nheads, seqlen, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+               IS_CAUSAL: gl.constexpr):
+    """Key block pid_n of (batch x head) bh: (start_n, first query tile, query tiles end, first row, column, offset of
+    its LSE / delta rows)."""
+    start_n = pid_n * BLOCK_N
+    lo = start_n // BLOCK_M if IS_CAUSAL else 0  # query tiles that see any of these keys (seqlen_q == seqlen_k)
+    return start_n, lo, seqlen // BLOCK_M, (bh // nheads) * seqlen, (bh % nheads) * HEAD_DIM, bh.to(gl.int64) * seqlen
 
 
 @gluon.jit
-def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE, DELTA,
-                lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M: gl.constexpr,
-                STAGES: gl.constexpr):
-    KV_BYTES: gl.constexpr = k_smem.shape[0] * k_smem.shape[1] * k_smem.dtype.primitive_bitwidth // 8
-    mbarrier.expect(kv_bar, 2 * KV_BYTES)
-    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, col], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_bar, v_smem)
-    _fill_qdo_ring(q_desc, do_desc, q_smem, do_smem, ready, empty, LSE, DELTA, lse_smem, delta_smem, stat_base, row0,
-                   col, lo, n_end, BLOCK_M, STAGES)
+def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready, empty,
+                LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
+                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
+    TILE_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * q_smem.dtype.primitive_bitwidth // 8
+    it = 0  # key blocks done by this program
+    g = 0  # query tiles loaded so far, over all key blocks: the ring's position
+    for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
+        bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
+        for half in range(count):
+            start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
+                                                                  seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
+            kb = it % KV_BUFFERS
+            # buffer kb held key block it - KV_BUFFERS until its dK, dV were stored; a fresh barrier passes parity 1
+            mbarrier.wait(kv_empty.index(kb), ((it // KV_BUFFERS) & 1) ^ 1)
+            mbarrier.expect(kv_ready.index(kb), 2 * KV_BYTES)
+            tma.async_copy_global_to_shared(k_desc, [row0 + start_n, col], kv_ready.index(kb), k_smem.index(kb))
+            tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_ready.index(kb), v_smem.index(kb))
+            for i in range(lo, n_end):
+                slot = g % STAGES
+                mbarrier.wait(empty.index(slot), ((g // STAGES) & 1) ^ 1)
+                # LSE_i and delta_i stored before the expect's arrive, which releases them with the tile
+                offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
+                lse_smem.index(slot).store(gl.load(LSE + stat_base + offs))
+                delta_smem.index(slot).store(gl.load(DELTA + stat_base + offs))
+                mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
+                tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot),
+                                                q_smem.index(slot))
+                tma.async_copy_global_to_shared(do_desc, [row0 + i * BLOCK_M, col], ready.index(slot),
+                                                do_smem.index(slot))
+                g += 1
+            it += 1
 
 
 @gluon.jit
-def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M: gl.constexpr,
-                   DQ_STAGES: gl.constexpr):
-    for i in range(lo, n_end):
-        t = i - lo
-        s = t % DQ_STAGES
-        mbarrier.wait(dq_full.index(s), (t // DQ_STAGES) & 1)
-        tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
-        tma.store_wait(0)  # the TMA unit has read the slot
-        mbarrier.arrive(dq_empty.index(s))
+def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr,
+                   IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    g = 0
+    for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
+        bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
+        for half in range(count):
+            start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
+                                                                  seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
+            for i in range(lo, n_end):
+                s = g % DQ_STAGES
+                mbarrier.wait(dq_full.index(s), (g // DQ_STAGES) & 1)
+                tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
+                tma.store_wait(0)  # the TMA unit has read the slot
+                mbarrier.arrive(dq_empty.index(s))
+                g += 1
 
 
 @gluon.jit
@@ -633,84 +670,98 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse, delta, i, start_
 
 @gluon.jit
 def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem, delta_smem,
-                 kv_bar, ready, empty, dq_full, dq_empty, row0, col, start_n, lo, n_end, qk_scale, sm_scale,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr):
+                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
+                 sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                 PAIRED: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr):
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
     dq_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_M, HEAD_DIM)
-    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
     st_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
-    mbarrier.wait(kv_bar, 0)
+    it = 0
+    g = 0
+    for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
+        bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
+        for half in range(count):
+            start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
+                                                                  seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
+            kb = it % KV_BUFFERS
+            k_buf = k_smem.index(kb)
+            v_buf = v_smem.index(kb)
+            keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+            dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+            dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+            mbarrier.wait(kv_ready.index(kb), (it // KV_BUFFERS) & 1)
+            for i in range(lo, n_end):
+                slot = g % STAGES
+                mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
+                lse = lse_smem.index(slot).load(st_layout)
+                delta = delta_smem.index(slot).load(st_layout)
+                dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem, lse,
+                                         delta, i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout,
+                                         BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT)
+                mbarrier.arrive(empty.index(slot))
+                if KV_BUFFERS > 1:
+                    if (i == lo) & (it > 0):
+                        # the last key block's dK, dV stores ran beside this tile: wait for them, hand the buffer back
+                        tma.store_wait(0)
+                        mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))
+                s = g % DQ_STAGES
+                mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
+                dq_smem.index(s).store(dq)
+                fence_async_shared()
+                mbarrier.arrive(dq_full.index(s))
+                g += 1
 
-    for i in range(lo, n_end):
-        t = i - lo
-        slot = t % STAGES
-        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        lse = lse_smem.index(slot).load(st_layout)  # (1, BLOCK_M), read straight into the scores' layout
-        delta = delta_smem.index(slot).load(st_layout)
-        dv, dk, dq = _bwd_tile(k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem, lse, delta,
-                               i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M,
-                               BLOCK_N, IS_CAUSAL, SPLIT)
-        mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill the slot
-        s = t % DQ_STAGES
-        mbarrier.wait(dq_empty.index(s), ((t // DQ_STAGES) & 1) ^ 1)
-        dq_smem.index(s).store(dq)
-        fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-        mbarrier.arrive(dq_full.index(s))
-
-    # dK (times the softmax scale) and dV out by TMA through the K and V tiles, which are no longer read
-    k_smem.store((dk * sm_scale).to(k_smem.dtype))
-    v_smem.store(dv.to(v_smem.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_smem)
-    tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_smem)
+            # dK (times the softmax scale) and dV out by TMA through this key block's K and V buffers
+            k_buf.store((dk * sm_scale).to(k_buf.dtype))
+            v_buf.store(dv.to(v_buf.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_buf)
+            tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_buf)
+            if KV_BUFFERS == 1:
+                tma.store_wait(0)
+                mbarrier.arrive(kv_empty.index(0))
+            it += 1
     tma.store_wait(0)
 
 
 @gluon.jit
-def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, qk_scale,
-                sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                ds_layout: gl.constexpr):
+def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
+                qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                PAIRED: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
-    # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen)
+    # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
+    # Each program runs work units pid, pid + programs, ... (`_work_unit` over key blocks)
     dtype: gl.constexpr = q_desc.dtype
-    q_layout: gl.constexpr = q_desc.layout
-    kv_layout: gl.constexpr = k_desc.layout
-    dqa_layout: gl.constexpr = dqa_desc.layout
-    pid_n, bh = _tile_and_head(seqlen // BLOCK_N, head_group)
-    b = bh // nheads
-    h = bh % nheads
-    col = h * HEAD_DIM
-    row0 = b * seqlen
-    start_n = pid_n * BLOCK_N
-
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    n_n = seqlen // BLOCK_N
+    k_smem = gl.allocate_shared_memory(dtype, [KV_BUFFERS, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [KV_BUFFERS, BLOCK_N, HEAD_DIM], k_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
     SPLIT: gl.constexpr = BLOCK_N < 16 * WARPS  # see _tile_layout and _bwd_tile
     if SPLIT:
         pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
     else:  # not read: P^T stays in registers
         pt_smem = ds_smem
-    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)  # (1, BLOCK_M) per slot
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     dq_full = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
     dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(KV_BUFFERS):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
@@ -718,18 +769,17 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         mbarrier.init(dq_full.index(i), count=1)
         mbarrier.init(dq_empty.index(i), count=1)
     fence_async_shared()
-
-    lo = start_n // BLOCK_M if IS_CAUSAL else 0  # query tiles that see any of these keys (seqlen_q == seqlen_k)
-    n_end = seqlen // BLOCK_M
-    stat_base = bh.to(gl.int64) * seqlen
     # the argument tuples are written out in the call (a named tuple turns constexprs into tensors)
     gl.warp_specialize([
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
-                        delta_smem, kv_bar, ready, empty, dq_full, dq_empty, row0, col, start_n, lo, n_end, qk_scale,
-                        sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL, WARPS, SPLIT)),
-        (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, LSE,
-                       DELTA, lse_smem, delta_smem, stat_base, row0, col, start_n, lo, n_end, BLOCK_M, STAGES)),
-        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, row0, col, lo, n_end, BLOCK_M, DQ_STAGES))],
+                        delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
+                        head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
+                        IS_CAUSAL, PAIRED, WARPS, SPLIT)),
+        (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
+                       empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
         [1, 1], [24, 24])
 
 
@@ -756,23 +806,29 @@ def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str |
     return _scope_problem(q, k, causal, dropout_p, varlen, BWD_MIN_SEQLEN[head_dim, causal])
 
 
-def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool) -> None:
+def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool,
+                   programs: int | None = None) -> None:
     """Fill dq, dk, dv (q's shape and dtype; any row stride TMA can write, e.g. views of one packed dqkv) with the
     gradients of softmax_scale-scaled attention of q, k, v at do; lse: the forward's base-2 log-sum-exp and delta =
     rowsum(dO * O), both (batch, nheads, seqlen) contiguous float32. The caller has checked `bwd_unsupported`, the
-    TMA layout of q, k, v, do, dk, dv (kernels.flash._ws_layout_problem)."""
+    TMA layout of q, k, v, do, dk, dv (kernels.flash._ws_layout_problem). programs: at most this many programs
+    (tests: each then runs many key blocks), else one a SM at BWD_PERSISTENT_HEAD_DIMS, one a key block elsewhere."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
+    persistent = head_dim in BWD_PERSISTENT_HEAD_DIMS
+    paired = causal and persistent
+    grid = _grid(seqlen // block_n, batch * nheads, paired, persistent, programs, q.device)
     lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype])
     queries = lambda t: head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
-    launch(_bwd_kernel, (seqlen // block_n * batch * nheads,),
+    launch(_bwd_kernel, grid,
            (queries(q), queries(do), keys(k), keys(v), keys(dk), keys(dv),
-            head_tiles(dqa, block_m, lay["dqa_layout"]), lse, delta, seqlen, nheads, softmax_scale * LOG2E,
-            softmax_scale, launch_head_group(seqlen, causal)),
+            head_tiles(dqa, block_m, lay["dqa_layout"]), lse, delta, seqlen, nheads, batch * nheads,
+            softmax_scale * LOG2E, softmax_scale, launch_head_group(seqlen, causal)),
            dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
-                IS_CAUSAL=causal, WARPS=BWD_WARPS, ds_layout=lay["ds_layout"], num_warps=BWD_WARPS))
+                KV_BUFFERS=BWD_KV_BUFFERS[head_dim], IS_CAUSAL=causal, PAIRED=paired, WARPS=BWD_WARPS,
+                ds_layout=lay["ds_layout"], num_warps=BWD_WARPS))
     torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

@@ -1,8 +1,9 @@
-"""Where the head-dim-64 Gluon backward should start (flash_gluon.BWD_MIN_SEQLEN, 2K today) once it is persistent:
+"""Where the head-dim-64 Gluon backward should start (flash_gluon.BWD_MIN_SEQLEN) once it is persistent:
 kernels.flash._flash_bwd with the Gluon backward forced on at every length against the @triton.jit backward (its
 two kernels, delta in the dQ kernel), at 512-2K tokens, causal and not, at the table's shape (16K tokens a batch,
 32 heads) and GPT-2 small's (16 x 1K, 12 heads). Each call eager (do_bench: host included) and replayed from a CUDA
-graph (the device alone), three alternating rounds, median. Run with ship.patch applied (device.sh does).
+graph (the device alone), three alternating rounds, median. Session 35 ran it at 657af03 with ship.patch applied
+(README.md); since then it times the shipped kernels.
 
     python results/attention/gluon_bwd_persistent/min_seqlen.py   # GPU (sm_90)
 """

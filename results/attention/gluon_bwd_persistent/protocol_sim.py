@@ -1,7 +1,8 @@
-"""The persistent backward's barrier protocol (persistent_bwd.py), simulated on the CPU with the shipped backward's
-simulator (../gluon_bwd/protocol_sim.py, itself on ../gluon_fwd/protocol_sim.py: mbarriers with hardware parity
-semantics, TMA copies that land at random later times, a random scheduler). The loader, the compute partition and the
-dQ warp are generators that mirror persistent_bwd.py's waits and arrives line for line, over the key blocks of one
+"""The persistent backward's barrier protocol (kernels/flash_gluon.py's `_bwd_loader`, `_bwd_compute` and
+`_bwd_dq_writer`), simulated on the CPU with the shipped backward's simulator (../gluon_bwd/protocol_sim.py, itself
+on ../gluon_fwd/protocol_sim.py: mbarriers with hardware parity semantics, TMA copies that land at random later
+times, a random scheduler). The loader, the compute partition and the
+dQ warp are generators that mirror those partitions' waits and arrives line for line, over the key blocks of one
 program; a change to the kernel's protocol belongs here too.
 
 Added to the shipped backward's checks: K and V in KV_BUFFERS buffers across key blocks, dK and dV stored through

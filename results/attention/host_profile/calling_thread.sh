@@ -1,7 +1,7 @@
 #!/bin/bash
-# Prepared in session 32, not yet run. One H100, one call (~6 minutes), from the repo root, carrying .whl (hydra-core,
-# omegaconf, antlr4 wheels) and data/cache/embedded (`python -c "from train.data import prepare_embedded;
-# prepare_embedded('data/cache/embedded')"`):
+# Prepared in session 32, run in session 35 (README.md, calling_thread_h100/). One H100, one call (~6 minutes), from
+# the repo root, carrying .whl (hydra-core, omegaconf, antlr4 wheels) and data/cache/embedded (`python -c "from
+# train.data import prepare_embedded; prepare_embedded('data/cache/embedded')"`):
 #   bash results/attention/host_profile/calling_thread.sh
 # The question: does a training step gain from running its backward on the calling thread instead of autograd's
 # device thread? breakdown_threads_h100.txt measured our attention's eager forward+backward at 656 -> 350 us with
