@@ -1,0 +1,62 @@
+"""One backward call to profile: the shipped Gluon backward (`ours`) or cuDNN's (`cudnn`, PyTorch SDPA's cuDNN
+backend), head dim 64, 16K tokens a batch (batch 4 x 4K tokens, 32 heads), bf16: three warm-up calls, then one
+inside the NVTX range "profiled", the only one profile.sh's ncu profiles (every kernel of it). With --time, instead
+the do_bench time of a call (run it outside the profiler).
+
+    python results/attention/gluon_bwd_profile/drive.py ours|cudnn [--causal] [--time]
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+import torch  # noqa: E402
+import triton.testing  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import kernels.flash_gluon as G  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("provider", choices=["ours", "cudnn"])
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--time", action="store_true")
+    args = ap.parse_args()
+    batch, seqlen, nheads, head_dim = 4, 4096, 32, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   for _ in range(4))
+    scale = head_dim ** -0.5
+    if args.provider == "ours":
+        o, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen, device="cuda")
+        G.gluon_forward(q, k, v, o, lse, scale * G.LOG2E, args.causal)
+        delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+        grads = [torch.empty_like(q) for _ in range(3)]
+
+        def step():
+            G.gluon_backward(do, q, k, v, lse, delta, *grads, scale, args.causal)
+    else:
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
+        dot = do.transpose(1, 2)
+
+        def step():
+            torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
+    if args.time:
+        ms = triton.testing.do_bench(step, rep=100)
+        print(f"{args.provider} causal={args.causal}: backward {ms:.3f} ms (do_bench)", flush=True)
+        return
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("profiled")
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+if __name__ == "__main__":
+    main()
