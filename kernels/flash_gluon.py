@@ -698,12 +698,12 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
             for i in range(lo, n_end):
                 slot = g % STAGES
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-                lse = lse_smem.index(slot).load(st_layout)
+                lse = lse_smem.index(slot).load(st_layout)  # (1, BLOCK_M), read straight into the scores' layout
                 delta = delta_smem.index(slot).load(st_layout)
                 dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem, lse,
                                          delta, i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout,
                                          BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT)
-                mbarrier.arrive(empty.index(slot))
+                mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill it
                 if KV_BUFFERS > 1:
                     if (i == lo) & (it > 0):
                         # the last key block's dK, dV stores ran beside this tile: wait for them, hand the buffer back
@@ -712,7 +712,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                 s = g % DQ_STAGES
                 mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
                 dq_smem.index(s).store(dq)
-                fence_async_shared()
+                fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
                 mbarrier.arrive(dq_full.index(s))
                 g += 1
 

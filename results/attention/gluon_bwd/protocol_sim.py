@@ -20,7 +20,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gluon_fwd"))
-from protocol_sim import Barrier, Sim as ForwardSim  # noqa: E402
+from protocol_sim import Barrier, Sim as ForwardSim, check_mutations  # noqa: E402
 
 
 def kv_halves(n_compute):
@@ -146,15 +146,7 @@ def main():
                         cases += 1
     print(f"{cases} random interleavings (ws and pp; ring depths 2-4, dQ rings 1-2, 1-13 query tiles): no deadlock, "
           "no stale, overwritten or lost tile")
-    for bug in MUTATIONS:
-        caught = 0
-        for trial in range(200):
-            try:
-                simulate(2, 2, 2, 5, rng, bug)
-            except AssertionError:
-                caught += 1
-        print(f"mutation '{bug}': caught in {caught} of 200 runs")
-        assert caught > 0, f"the simulation misses the mutation '{bug}'"
+    check_mutations(MUTATIONS, lambda bug: simulate(2, 2, 2, 5, rng, bug))
 
 
 if __name__ == "__main__":

@@ -160,15 +160,7 @@ def main():
                     cases += 1
     print(f"{cases} random interleavings (1-6 key blocks of 1-8 query tiles, ring depths 2-4, dQ rings 1-2, 1-2 K/V "
           "buffers): no deadlock, no stale or overwritten tile or buffer, each dQ tile reduced once")
-    for bug in BUGS:
-        caught = 0
-        for _ in range(200):
-            try:
-                simulate([(u, rng.randint(1, 5)) for u in range(4)], 2, 2, 2, rng, bug)
-            except AssertionError:
-                caught += 1
-        print(f"mutation '{bug}': caught in {caught} of 200 runs")
-        assert caught > 0, f"the simulation misses the mutation '{bug}'"
+    _bwd.check_mutations(BUGS, lambda bug: simulate([(u, rng.randint(1, 5)) for u in range(4)], 2, 2, 2, rng, bug))
 
 
 if __name__ == "__main__":

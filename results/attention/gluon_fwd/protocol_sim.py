@@ -105,6 +105,20 @@ class Sim:
             waiting[name] = next(actors[name], None)
 
 
+def check_mutations(bugs, run, trials=200):
+    """Each bug in `bugs` (a protocol mutation) run `trials` times by run(bug): the count that raised AssertionError is
+    printed, and one never caught fails, since the simulation would then not test what the mutation breaks."""
+    for bug in bugs:
+        caught = 0
+        for _ in range(trials):
+            try:
+                run(bug)
+            except AssertionError:
+                caught += 1
+        print(f"mutation '{bug}': caught in {caught} of {trials} runs")
+        assert caught > 0, f"the simulation misses the mutation '{bug}'"
+
+
 def main():
     rng = random.Random(0)
     cases = 0
