@@ -1,6 +1,7 @@
 """One backward call to profile: the shipped Gluon backward (`ours`) or cuDNN's (`cudnn`, PyTorch SDPA's cuDNN
 backend), head dim 64, 16K tokens a batch (batch 4 x 4K tokens, 32 heads), bf16: three warm-up calls, then one
-inside the NVTX range "profiled", the only one profile.sh's ncu profiles (every kernel of it). With --time, instead
+between cudaProfilerStart and Stop (and inside the NVTX range "profiled"), the only one the profile scripts' ncu
+profiles (every kernel of it). With --time, instead
 the do_bench time of a call (run it outside the profiler).
 
     python results/attention/gluon_bwd_profile/drive.py ours|cudnn [--causal] [--time]
@@ -52,9 +53,13 @@ def main():
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    # cudaProfilerStart / Stop hold for the whole process: cuDNN's backward kernels are launched by autograd's own
+    # thread, outside an NVTX range pushed on this one (the first run profiled none of them)
     torch.cuda.nvtx.range_push("profiled")
+    torch.cuda.profiler.start()
     step()
     torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
     torch.cuda.nvtx.range_pop()
 
 
