@@ -520,7 +520,6 @@ BWD_HEAD_DIMS = (64, 128, 256)
 # compile_sm90.txt; 16 bytes since the kernel loops over key blocks), and on one H100 it is 1.08-1.30x the
 # @triton.jit backward at 512-16K (check_h100.txt).
 BWD_TILES = {64: (64, 128, 3, 2), 128: (64, 128, 2, 2), 256: (64, 64, 1, 1)}
-BWD_VARIANT = {}  # EXPERIMENT (session 36): V_STATS_LATE / V_DEFER_DQ / V_DS_FIRST
 BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
 # The persistent grid (one program a SM running many key blocks, `_work_unit`; causal units are pairs of key blocks)
 # with a second K/V buffer (KV_BUFFERS = 2, 133 -> 166 KB: the next key block's K and V load while this one's are in
@@ -633,29 +632,17 @@ def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seql
 
 
 @gluon.jit
-def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, start_n, keys, qcols, st_init, dq_init,
-              dv, dk, qk_scale, dq_smem, dq_full, g, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr, DQ_STAGES: gl.constexpr,
-              V_STATS_LATE: gl.constexpr, V_DEFER_DQ: gl.constexpr, V_DS_FIRST: gl.constexpr):
+def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse, delta, i, start_n, keys, qcols, st_init, dq_init, dv,
+              dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
     """One query tile i against this program's keys: the five wgmma and the softmax between them. lse, delta:
     (1, BLOCK_M) in the scores' layout. Returns dV and dK accumulated and this tile's dQ, all waited for. SPLIT (the
     tiles split across the warpgroups along their columns, `_tile_layout`): each warpgroup holds half of P^T's and
     dS^T's columns, and every row of dV and dK needs all of them, so both go through shared memory as the wgmma's
     A operand; otherwise each warp's rows of P^T and dS^T are its own rows of dV and dK, so they stay in registers."""
     dtype: gl.constexpr = q_s.dtype
-    st_layout: gl.constexpr = st_init.type.layout
-    if not V_STATS_LATE:
-        lse = lse_s.load(st_layout)  # (1, BLOCK_M), read straight into the scores' layout
-        delta = delta_s.load(st_layout)
     st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
-    if V_STATS_LATE:
-        lse = lse_s.load(st_layout)
-        delta = delta_s.load(st_layout)
-    if V_DEFER_DQ:
-        if g > 0:  # the last tile's dQ went into its slot: hand it to the dQ warp now, its stores long done
-            fence_async_shared()
-            mbarrier.arrive(dq_full.index((g - 1) % DQ_STAGES))
     st = warpgroup_mma_wait(1, (st_tok,))
     pt = gl.exp2(st * qk_scale - lse)
     if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
@@ -673,12 +660,10 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
         dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
         dst = (pt * (dpt - delta)).to(dtype)
-        if V_DS_FIRST:
-            ds_smem.store(dst)
-            dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
-        else:
-            dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
-            ds_smem.store(dst)
+        # dS^T's stores go before dK's wgmma is issued, so they are done by the fence that dQ's wgmma waits on:
+        # 1.01-1.03x the backward at head dim 64 (results/attention/gluon_bwd_sync/)
+        ds_smem.store(dst)
+        dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
         fence_async_shared()
     dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
     dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
@@ -690,8 +675,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                  kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
                  sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 PAIRED: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr, V_STATS_LATE: gl.constexpr,
-                 V_DEFER_DQ: gl.constexpr, V_DS_FIRST: gl.constexpr):
+                 PAIRED: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr):
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
@@ -716,10 +700,11 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
             for i in range(lo, n_end):
                 slot = g % STAGES
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-                dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem,
-                                       lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init,
-                                       dq_init, dv, dk, qk_scale, dq_smem, dq_full, g, op_layout, BLOCK_M, BLOCK_N,
-                                       IS_CAUSAL, SPLIT, DQ_STAGES, V_STATS_LATE, V_DEFER_DQ, V_DS_FIRST)
+                lse = lse_smem.index(slot).load(st_layout)  # (1, BLOCK_M), read straight into the scores' layout
+                delta = delta_smem.index(slot).load(st_layout)
+                dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem, lse,
+                                         delta, i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout,
+                                         BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT)
                 mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill it
                 if KV_BUFFERS > 1:
                     if (i == lo) & (it > 0):
@@ -729,9 +714,8 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                 s = g % DQ_STAGES
                 mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
                 dq_smem.index(s).store(dq)
-                if not V_DEFER_DQ:
-                    fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-                    mbarrier.arrive(dq_full.index(s))
+                fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+                mbarrier.arrive(dq_full.index(s))
                 g += 1
 
             # dK (times the softmax scale) and dV out by TMA through this key block's K and V buffers
@@ -744,10 +728,6 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                 tma.store_wait(0)
                 mbarrier.arrive(kv_empty.index(0))
             it += 1
-    if V_DEFER_DQ:
-        if g > 0:
-            fence_async_shared()
-            mbarrier.arrive(dq_full.index((g - 1) % DQ_STAGES))
     tma.store_wait(0)
 
 
@@ -755,8 +735,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
 def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
                 qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                PAIRED: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr, V_STATS_LATE: gl.constexpr = False,
-                V_DEFER_DQ: gl.constexpr = False, V_DS_FIRST: gl.constexpr = True):
+                PAIRED: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
     # Each program runs work units pid, pid + programs, ... (`_work_unit` over key blocks)
@@ -797,7 +776,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
                         delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                         head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
-                        IS_CAUSAL, PAIRED, WARPS, SPLIT, V_STATS_LATE, V_DEFER_DQ, V_DS_FIRST)),
+                        IS_CAUSAL, PAIRED, WARPS, SPLIT)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
@@ -853,5 +832,5 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
             softmax_scale * LOG2E, softmax_scale, launch_head_group(seqlen, causal)),
            dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                 KV_BUFFERS=BWD_KV_BUFFERS[head_dim], IS_CAUSAL=causal, PAIRED=paired, WARPS=BWD_WARPS,
-                ds_layout=lay["ds_layout"], num_warps=BWD_WARPS, **BWD_VARIANT))
+                ds_layout=lay["ds_layout"], num_warps=BWD_WARPS))
     torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
