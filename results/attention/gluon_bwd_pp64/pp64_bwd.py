@@ -37,8 +37,9 @@ SUB_N = gl.constexpr(64)  # keys a warpgroup
 @gluon.jit
 def _pp_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
-    g = 0
+                  IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr):
+    g = 0  # query tiles, and the first warpgroup's dQ partials
+    g1 = 0  # the second warpgroup's dQ partials
     for u in range(gl.program_id(0), G._n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = G._work_unit(u, n_n, n_bh, head_group, PAIRED, False)
         for half in range(count):
@@ -46,13 +47,28 @@ def _pp_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqle
                                                                     seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
             for i in range(lo, n_end):
                 s = g % DQ_STAGES
-                for w in gl.static_range(2):  # the two warpgroups' partials, in a fixed order
-                    mbarrier.wait(dq_full.index(w * DQ_STAGES + s), (g // DQ_STAGES) & 1)
-                    G.tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(w * DQ_STAGES + s))
-                tma.store_wait(0)  # the TMA unit has read both slots
-                for w in gl.static_range(2):
-                    mbarrier.arrive(dq_empty.index(w * DQ_STAGES + s))
+                mbarrier.wait(dq_full.index(s), (g // DQ_STAGES) & 1)
+                G.tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
+                # the second warpgroup's partial; under SKIP_MASKED it has none for the block's first query tile
+                partial1 = (i > lo) | (not SKIP_MASKED)
+                s1 = DQ_STAGES + g1 % DQ_STAGES
+                if partial1:
+                    mbarrier.wait(dq_full.index(s1), (g1 // DQ_STAGES) & 1)
+                    G.tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s1))
+                tma.store_wait(0)  # the TMA unit has read the slots
+                mbarrier.arrive(dq_empty.index(s))
+                if partial1:
+                    mbarrier.arrive(dq_empty.index(s1))
+                    g1 += 1
                 g += 1
+
+
+@gluon.jit
+def _pp_release_kv(kv_empty, i, lo, it, KV_BUFFERS: gl.constexpr):
+    if KV_BUFFERS > 1:
+        if (i == lo) & (it > 0):
+            tma.store_wait(0)  # this warpgroup's half of the last block's dK, dV has left its buffer
+            mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))  # count 2
 
 
 @gluon.jit
@@ -60,7 +76,7 @@ def _pp_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sm
                 delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                 head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr):
     st_layout: gl.constexpr = G._tile_layout(4, SUB_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = G._tile_layout(4, SUB_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
@@ -70,7 +86,8 @@ def _pp_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sm
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     ds_w = ds_smem.index(W)
     it = 0
-    g = 0
+    g = 0  # query tiles
+    gq = 0  # dQ partials handed to the dQ warp
     for u in range(gl.program_id(0), G._n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = G._work_unit(u, n_n, n_bh, head_group, PAIRED, False)
         for half in range(count):
@@ -89,21 +106,24 @@ def _pp_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sm
             for i in range(lo, n_end):
                 slot = g % STAGES
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-                lse = lse_smem.index(slot).load(st_layout)
-                delta = delta_smem.index(slot).load(st_layout)
-                dv, dk, dq = G._bwd_tile(k_w, v_w, q_smem.index(slot), do_smem.index(slot), ds_w, ds_w, lse, delta, i,
-                                         start_w, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout,
-                                         BLOCK_M, SUB_N, IS_CAUSAL, False)
-                mbarrier.arrive(empty.index(slot))  # count 2: refilled once both warpgroups are done with it
-                if KV_BUFFERS > 1:
-                    if (i == lo) & (it > 0):
-                        tma.store_wait(0)  # this warpgroup's half of the last block's dK, dV has left its buffer
-                        mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))  # count 2
-                s = W * DQ_STAGES + g % DQ_STAGES
-                mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
-                dq_smem.index(s).store(dq)
-                fence_async_shared()
-                mbarrier.arrive(dq_full.index(s))
+                if SKIP_MASKED & (W == 1) & (i == lo):
+                    # causal: every key of this warpgroup is after every query of the block's first tile
+                    mbarrier.arrive(empty.index(slot))
+                    _pp_release_kv(kv_empty, i, lo, it, KV_BUFFERS)
+                else:
+                    lse = lse_smem.index(slot).load(st_layout)
+                    delta = delta_smem.index(slot).load(st_layout)
+                    dv, dk, dq = G._bwd_tile(k_w, v_w, q_smem.index(slot), do_smem.index(slot), ds_w, ds_w, lse, delta,
+                                             i, start_w, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout,
+                                             BLOCK_M, SUB_N, IS_CAUSAL, False)
+                    mbarrier.arrive(empty.index(slot))  # count 2: refilled once both warpgroups are done with it
+                    _pp_release_kv(kv_empty, i, lo, it, KV_BUFFERS)
+                    s = W * DQ_STAGES + gq % DQ_STAGES
+                    mbarrier.wait(dq_empty.index(s), ((gq // DQ_STAGES) & 1) ^ 1)
+                    dq_smem.index(s).store(dq)
+                    fence_async_shared()
+                    mbarrier.arrive(dq_full.index(s))
+                    gq += 1
                 g += 1
             k_w.store((dk * sm_scale).to(k_w.dtype))
             v_w.store(dv.to(v_w.dtype))
@@ -121,27 +141,29 @@ def _pp_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sm
 def _pp_compute0(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
                  kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale, sm_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+                 DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+                 SKIP_MASKED: gl.constexpr):
     _pp_compute(0, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
-                sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)
+                sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, SKIP_MASKED)
 
 
 @gluon.jit
 def _pp_compute1(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
                  kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale, sm_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+                 DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+                 SKIP_MASKED: gl.constexpr):
     _pp_compute(1, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
-                sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)
+                sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, SKIP_MASKED)
 
 
 @gluon.jit
 def _pp_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
                qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+               PAIRED: gl.constexpr, ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, SKIP: gl.constexpr):
     # k_desc, v_desc: tiles of BLOCK_N keys (the loader's); dk_desc, dv_desc: of SUB_N keys (a warpgroup's half)
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(BLOCK_N == 2 * SUB_N, "two warpgroups of 64 keys")
@@ -171,25 +193,28 @@ def _pp_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE,
         mbarrier.init(dq_full.index(i), count=1)
         mbarrier.init(dq_empty.index(i), count=1)
     fence_async_shared()
+    SKIP_MASKED: gl.constexpr = SKIP and IS_CAUSAL
     gl.warp_specialize([
         (_pp_compute0, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                         kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                         qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL,
-                        PAIRED)),
+                        PAIRED, SKIP_MASKED)),
         (_pp_compute1, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                         kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                         qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL,
-                        PAIRED)),
+                        PAIRED, SKIP_MASKED)),
         (G._bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                          empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                          BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
         (_pp_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                         BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
+                         BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, SKIP_MASKED))],
         [4, 1, 1], [G.CONSUMER_REGS, 24, 24])
 
 
-# (STAGES of the Q / dO / stats ring, DQ_STAGES of each warpgroup's dQ ring, KV_BUFFERS)
-CONFIGS = [(3, 2, 2), (2, 2, 2)]
+# (STAGES of the Q / dO / stats ring, DQ_STAGES of each warpgroup's dQ ring, KV_BUFFERS, SKIP: causal, the second
+# warpgroup skips each key block's first query tile, where its keys are all masked, rather than run it masked)
+# (2, 2, 2, False) was measured in the first run (bench_h100_run1.txt): 0.91-1.02x the shipped kernel, dropped
+CONFIGS = [(3, 2, 2, False), (3, 2, 2, True)]
 
 
 def layouts(dtype=gl.bfloat16) -> dict:
@@ -203,7 +228,7 @@ def pp64_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, cau
     """As kernels.flash_gluon.gluon_backward (same arguments and checks), head dim 64 only."""
     batch, seqlen, nheads, head_dim = q.shape
     assert head_dim == HEAD_DIM and seqlen % BLOCK_N == 0
-    stages, dq_stages, kv_buffers = config
+    stages, dq_stages, kv_buffers, skip = config
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     grid = G._grid(seqlen // BLOCK_N, batch * nheads, causal, True, programs, q.device)
     lay = layouts(G._GL_DTYPES[q.dtype])
@@ -216,7 +241,7 @@ def pp64_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, cau
               softmax_scale * G.LOG2E, softmax_scale, G.launch_head_group(seqlen, causal)),
              dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                   KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
-                  CONSUMER_REGS=G.CONSUMER_REGS, num_warps=4))
+                  CONSUMER_REGS=G.CONSUMER_REGS, SKIP=skip, num_warps=4))
     torch.mul(dqa, softmax_scale, out=dq)
 
 
@@ -229,12 +254,12 @@ def compile_report():
     types = dict(q_desc=desc(BLOCK_M, "q_layout"), do_desc=desc(BLOCK_M, "q_layout"), k_desc=desc(BLOCK_N, "kv_layout"),
                  v_desc=desc(BLOCK_N, "kv_layout"), dk_desc=desc(64, "half_layout"), dv_desc=desc(64, "half_layout"),
                  dqa_desc=desc(BLOCK_M, "dqa_layout", "fp32"))
-    for (stages, dq_stages, kv_buffers), causal in itertools.product(CONFIGS, (False, True)):
+    for (stages, dq_stages, kv_buffers, skip), causal in itertools.product(CONFIGS, (False, True)):
         consts = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                       KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
-                      CONSUMER_REGS=G.CONSUMER_REGS)
+                      CONSUMER_REGS=G.CONSUMER_REGS, SKIP=skip)
         r = R.resources(_pp_kernel, consts, 4, stages, sass=True, types=types)
-        print(f"config {(stages, dq_stages, kv_buffers)} causal {causal:d}: {r['regs']} registers, {r['stack']} bytes "
+        print(f"config {(stages, dq_stages, kv_buffers, skip)} causal {causal:d}: {r['regs']} registers, {r['stack']} bytes "
               f"of spill stack, {r['smem']} bytes of shared memory, {r['ops'].get('HGMMA', 0)} HGMMA, "
               f"{r['ops'].get('BAR', 0)} BAR (static)", flush=True)
 

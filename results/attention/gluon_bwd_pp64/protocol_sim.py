@@ -12,8 +12,9 @@ land separately (the barrier waits for both either way).
 
 Checked over random interleavings, key-block lists, ring depths and 1-2 K/V buffers: nothing deadlocks; a warpgroup
 reads only the K/V half and the Q / dO / stats slot it expects; the loader overwrites neither before both
-warpgroups' dK / dV halves have been stored from it; each (warpgroup, query tile) dQ partial is reduced once. Each
-of five single mutations is caught.
+warpgroups' dK / dV halves have been stored from it; each (warpgroup, query tile) dQ partial is reduced once
+(under SKIP, none of the second warpgroup's for a key block's first query tile). Each of five single mutations is
+caught, with SKIP and without.
 
     python results/attention/gluon_bwd_pp64/protocol_sim.py     # prints the cases run; raises on a violation
 """
@@ -99,8 +100,8 @@ def loader(s, blocks, stages, kv_buffers):
         it += 1
 
 
-def compute(s, w, blocks, stages, dq_stages, kv_buffers, bug):
-    it = g = 0
+def compute(s, w, blocks, stages, dq_stages, kv_buffers, bug, skip=False):
+    it = g = gq = 0  # gq: dQ partials handed over (under skip, the second warpgroup hands none for a block's first tile)
     mine = 1 - w if bug == "warpgroup writes its dK/dV into the other half" else w
     for unit, n_tiles in blocks:
         kb = it % kv_buffers
@@ -110,18 +111,22 @@ def compute(s, w, blocks, stages, dq_stages, kv_buffers, bug):
             yield s.ready[slot], (g // stages) & 1
             for x in ("k", "v"):
                 s.read(w, (x, kb, w), unit)
-            for buf in ("q", "do", "stats"):
-                s.read(w, (buf, slot), g)
+            skipped = skip and w == 1 and j == 0
+            if not skipped:
+                for buf in ("q", "do", "stats"):
+                    s.read(w, (buf, slot), g)
             s.empty[slot].arrive()
             s.released[w].add(g)
             if kv_buffers > 1 and j == 0 and it > 0:
                 if bug != "warpgroup hands its K/V half back before its store wait":
                     yield from s.store_wait(w)
                 s.kv_empty[(it - 1) % kv_buffers].arrive()
-            d = g % dq_stages
-            yield s.dq_empty[w][d], ((g // dq_stages) & 1) ^ 1
-            s.write_dq(w, d, g)
-            s.dq_full[w][d].arrive()
+            if not skipped:
+                d = gq % dq_stages
+                yield s.dq_empty[w][d], ((gq // dq_stages) & 1) ^ 1
+                s.write_dq(w, d, g)
+                s.dq_full[w][d].arrive()
+                gq += 1
             g += 1
         for x in ("k", "v"):
             s.write_result(w, (x, kb, mine), unit)
@@ -133,25 +138,34 @@ def compute(s, w, blocks, stages, dq_stages, kv_buffers, bug):
     yield from s.store_wait(w)
 
 
-def dq_writer(s, n_tiles, dq_stages, bug):
-    for t in range(n_tiles):
-        d = t % dq_stages
-        for w in range(2):
-            if not (bug == "writer waits for one partial" and w == 1):
-                yield s.dq_full[w][d], (t // dq_stages) & 1
-            s.reduce(w, d, t)
-        for w in range(2):
-            s.dq_empty[w][d].arrive()
+def dq_writer(s, blocks, dq_stages, bug, skip=False):
+    t = g1 = 0  # t: query tiles (and the first warpgroup's partials); g1: the second warpgroup's partials
+    for _, n_tiles in blocks:
+        for j in range(n_tiles):
+            d, d1 = t % dq_stages, g1 % dq_stages
+            yield s.dq_full[0][d], (t // dq_stages) & 1
+            s.reduce(0, d, t)
+            second = not (skip and j == 0)
+            if second:
+                if bug != "writer waits for one partial":
+                    yield s.dq_full[1][d1], (g1 // dq_stages) & 1
+                s.reduce(1, d1, t)
+            s.dq_empty[0][d].arrive()
+            if second:
+                s.dq_empty[1][d1].arrive()
+                g1 += 1
+            t += 1
 
 
-def simulate(blocks, stages, dq_stages, kv_buffers, rng, bug=None):
+def simulate(blocks, stages, dq_stages, kv_buffers, rng, bug=None, skip=False):
     s = Sim(stages, dq_stages, kv_buffers, rng, bug)
     n = sum(t for _, t in blocks)
     s.run({"loader": loader(s, blocks, stages, kv_buffers),
-           "c0": compute(s, 0, blocks, stages, dq_stages, kv_buffers, bug),
-           "c1": compute(s, 1, blocks, stages, dq_stages, kv_buffers, bug),
-           "dq": dq_writer(s, n, dq_stages, bug)})
-    if sorted(s.reduced) != sorted((w, t) for w in range(2) for t in range(n)):
+           "c0": compute(s, 0, blocks, stages, dq_stages, kv_buffers, bug, skip),
+           "c1": compute(s, 1, blocks, stages, dq_stages, kv_buffers, bug, skip),
+           "dq": dq_writer(s, blocks, dq_stages, bug, skip)})
+    firsts = {sum(t for _, t in blocks[:b]) for b in range(len(blocks))} if skip else set()
+    if sorted(s.reduced) != sorted((w, t) for w in range(2) for t in range(n) if not (w == 1 and t in firsts)):
         raise AssertionError("dQ partials not each reduced once")
     if any(s.pending):
         raise AssertionError(f"dK/dV stores never waited for: {s.pending}")
@@ -166,12 +180,16 @@ def main():
                 for _ in range(150):
                     causal = rng.random() < 0.5
                     blocks = [(u, rng.randint(1, 8) if causal else 4) for u in range(rng.randint(1, 6))]
-                    simulate(blocks, stages, dq_stages, kv_buffers, rng)
+                    # SKIP (causal only): the second warpgroup skips each key block's first query tile
+                    simulate(blocks, stages, dq_stages, kv_buffers, rng, skip=causal and rng.random() < 0.5)
                     cases += 1
     print(f"{cases} random interleavings (1-6 key blocks of 1-8 query tiles, ring depths 2-4, dQ rings 1-2, 1-2 K/V "
           "buffers, two compute warpgroups): no deadlock, no stale or overwritten tile or half buffer, each dQ "
           "partial reduced once")
-    _bwd.check_mutations(BUGS, lambda bug: simulate([(u, rng.randint(1, 5)) for u in range(4)], 2, 2, 2, rng, bug))
+    for skip in (False, True):
+        print(f"mutations, skip={skip}:")
+        _bwd.check_mutations(BUGS, lambda bug: simulate([(u, rng.randint(1, 5)) for u in range(4)], 2, 2, 2, rng, bug,
+                                                        skip))
 
 
 if __name__ == "__main__":
