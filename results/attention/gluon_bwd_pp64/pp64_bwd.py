@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import torch  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,  # noqa: E402
+                                                              warpgroup_mma_wait)
 
 import kernels.flash_gluon as G  # noqa: E402
 
@@ -37,7 +38,9 @@ SUB_N = gl.constexpr(64)  # keys a warpgroup
 @gluon.jit
 def _pp_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr):
+    if ABLATE > 0:  # the compute warpgroups hand over no dQ
+        return
     g = 0  # query tiles, and the first warpgroup's dQ partials
     g1 = 0  # the second warpgroup's dQ partials
     for u in range(gl.program_id(0), G._n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
@@ -64,6 +67,32 @@ def _pp_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqle
 
 
 @gluon.jit
+def _ablated_tile(k_smem, v_smem, q_s, do_s, ds_smem, lse, delta, i, start_n, keys, qcols, st_init, dv, dk, qk_scale,
+                  op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                  ABLATE: gl.constexpr):
+    """`_bwd_tile`'s unsplit branch without dQ's wgmma (ABLATE 2), and also without the exponential (ABLATE 3: P^T is
+    the scaled scores, wrong values, the same matmuls): timing only, to bound what each part costs."""
+    dtype: gl.constexpr = q_s.dtype
+    st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+    dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+    st = warpgroup_mma_wait(1, (st_tok,))
+    if ABLATE == 3:
+        pt = st * qk_scale - lse
+    else:
+        pt = gl.exp2(st * qk_scale - lse)
+    if IS_CAUSAL:
+        if i * BLOCK_M < start_n + BLOCK_N:
+            queries = i * BLOCK_M + qcols
+            pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+    dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
+    dpt = warpgroup_mma_wait(1, (dpt_tok,))
+    dst = (pt * (dpt - delta)).to(dtype)
+    dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+    dv, dk = warpgroup_mma_wait(0, (dv_tok, dk_tok))
+    return dv, dk
+
+
+@gluon.jit
 def _pp_release_kv(kv_empty, i, lo, it, KV_BUFFERS: gl.constexpr):
     if KV_BUFFERS > 1:
         if (i == lo) & (it > 0):
@@ -76,7 +105,7 @@ def _pp_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sm
                 delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                 head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr):
+                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr):
     st_layout: gl.constexpr = G._tile_layout(4, SUB_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = G._tile_layout(4, SUB_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
@@ -101,8 +130,8 @@ def _pp_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sm
             dk = gl.zeros([SUB_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
             dv = gl.zeros([SUB_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
             mbarrier.wait(kv_ready.index(kb), (it // KV_BUFFERS) & 1)
-            # causal: the second warpgroup's keys are all after query tile lo's queries; it runs that tile anyway
-            # (masked to zero) so that both take every tile of the ring in the same order
+            # causal: the second warpgroup's keys are all after query tile lo's queries; without SKIP_MASKED it runs
+            # that tile anyway (masked to zero)
             for i in range(lo, n_end):
                 slot = g % STAGES
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
@@ -113,16 +142,22 @@ def _pp_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sm
                 else:
                     lse = lse_smem.index(slot).load(st_layout)
                     delta = delta_smem.index(slot).load(st_layout)
-                    dv, dk, dq = G._bwd_tile(k_w, v_w, q_smem.index(slot), do_smem.index(slot), ds_w, ds_w, lse, delta,
-                                             i, start_w, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout,
-                                             BLOCK_M, SUB_N, IS_CAUSAL, False)
+                    if ABLATE >= 2:
+                        dv, dk = _ablated_tile(k_w, v_w, q_smem.index(slot), do_smem.index(slot), ds_w, lse, delta,
+                                               i, start_w, keys, qcols, st_init, dv, dk, qk_scale, op_layout,
+                                               BLOCK_M, SUB_N, IS_CAUSAL, ABLATE)
+                    else:
+                        dv, dk, dq = G._bwd_tile(k_w, v_w, q_smem.index(slot), do_smem.index(slot), ds_w, ds_w, lse,
+                                                 delta, i, start_w, keys, qcols, st_init, dq_init, dv, dk, qk_scale,
+                                                 op_layout, BLOCK_M, SUB_N, IS_CAUSAL, False)
                     mbarrier.arrive(empty.index(slot))  # count 2: refilled once both warpgroups are done with it
                     _pp_release_kv(kv_empty, i, lo, it, KV_BUFFERS)
-                    s = W * DQ_STAGES + gq % DQ_STAGES
-                    mbarrier.wait(dq_empty.index(s), ((gq // DQ_STAGES) & 1) ^ 1)
-                    dq_smem.index(s).store(dq)
-                    fence_async_shared()
-                    mbarrier.arrive(dq_full.index(s))
+                    if ABLATE == 0:
+                        s = W * DQ_STAGES + gq % DQ_STAGES
+                        mbarrier.wait(dq_empty.index(s), ((gq // DQ_STAGES) & 1) ^ 1)
+                        dq_smem.index(s).store(dq)
+                        fence_async_shared()
+                        mbarrier.arrive(dq_full.index(s))
                     gq += 1
                 g += 1
             k_w.store((dk * sm_scale).to(k_w.dtype))
@@ -142,10 +177,11 @@ def _pp_compute0(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_
                  kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale, sm_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                 SKIP_MASKED: gl.constexpr):
+                 SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr):
     _pp_compute(0, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
-                sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, SKIP_MASKED)
+                sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, SKIP_MASKED,
+                ABLATE)
 
 
 @gluon.jit
@@ -153,17 +189,19 @@ def _pp_compute1(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_
                  kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale, sm_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                 SKIP_MASKED: gl.constexpr):
+                 SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr):
     _pp_compute(1, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
-                sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, SKIP_MASKED)
+                sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, SKIP_MASKED,
+                ABLATE)
 
 
 @gluon.jit
 def _pp_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
                qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, SKIP: gl.constexpr):
+               PAIRED: gl.constexpr, ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, SKIP: gl.constexpr,
+               ABLATE: gl.constexpr = 0):
     # k_desc, v_desc: tiles of BLOCK_N keys (the loader's); dk_desc, dv_desc: of SUB_N keys (a warpgroup's half)
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(BLOCK_N == 2 * SUB_N, "two warpgroups of 64 keys")
@@ -198,16 +236,16 @@ def _pp_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE,
         (_pp_compute0, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                         kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                         qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL,
-                        PAIRED, SKIP_MASKED)),
+                        PAIRED, SKIP_MASKED, ABLATE)),
         (_pp_compute1, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                         kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                         qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL,
-                        PAIRED, SKIP_MASKED)),
+                        PAIRED, SKIP_MASKED, ABLATE)),
         (G._bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                          empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                          BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
         (_pp_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                         BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, SKIP_MASKED))],
+                         BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, SKIP_MASKED, ABLATE))],
         [4, 1, 1], [G.CONSUMER_REGS, 24, 24])
 
 
@@ -224,7 +262,7 @@ def layouts(dtype=gl.bfloat16) -> dict:
 
 
 def pp64_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, config=CONFIGS[0],
-                  programs: int | None = None) -> None:
+                  programs: int | None = None, ablate: int = 0) -> None:
     """As kernels.flash_gluon.gluon_backward (same arguments and checks), head dim 64 only."""
     batch, seqlen, nheads, head_dim = q.shape
     assert head_dim == HEAD_DIM and seqlen % BLOCK_N == 0
@@ -241,7 +279,7 @@ def pp64_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, cau
               softmax_scale * G.LOG2E, softmax_scale, G.launch_head_group(seqlen, causal)),
              dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                   KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
-                  CONSUMER_REGS=G.CONSUMER_REGS, SKIP=skip, num_warps=4))
+                  CONSUMER_REGS=G.CONSUMER_REGS, SKIP=skip, ABLATE=ablate, num_warps=4))
     torch.mul(dqa, softmax_scale, out=dq)
 
 
@@ -337,10 +375,31 @@ def bench(seqlens, rounds):
             flush=True)
 
 
+def ablate(seqlens, rounds):
+    """pp (3, 2, 2, False) with parts of the tile removed (wrong gradients; timing only): 1 no dQ hand-off (no dQ
+    store, fence, arrive or reduce), 2 no dQ at all (nor its wgmma), 3 also no exponential."""
+    import triton.testing
+
+    names = {0: "full", 1: "no dQ hand-off", 2: "no dQ", 3: "no dQ, no exp2"}
+    print(f"backward ms, median of {rounds} alternating rounds of do_bench; 16K tokens, 32 heads, head dim 64; "
+          f"pp {CONFIGS[0]} with parts removed")
+    for seqlen, causal in itertools.product(seqlens, (False, True)):
+        args = _inputs(16384 // seqlen, seqlen, 32, causal)
+        times = {a: [] for a in names}
+        for _ in range(rounds):
+            for a in names:
+                times[a].append(triton.testing.do_bench(lambda: _run(pp64_backward, args, causal, ablate=a), rep=60))
+        base = statistics.median(times[0])
+        print(f"seqlen {seqlen} causal {causal:d}: " + " ".join(
+            f"{names[a]} {statistics.median(t):.3f} ({statistics.median(t) / base:.3f} of full)"
+            for a, t in times.items()), flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["compile", "check", "bench"])
+    ap.add_argument("mode", choices=["compile", "check", "bench", "ablate"])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    {"compile": compile_report, "check": check, "bench": lambda: bench(a.seqlens, a.rounds)}[a.mode]()
+    {"compile": compile_report, "check": check, "bench": lambda: bench(a.seqlens, a.rounds),
+     "ablate": lambda: ablate(a.seqlens, a.rounds)}[a.mode]()

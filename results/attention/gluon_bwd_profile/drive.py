@@ -4,7 +4,7 @@ between cudaProfilerStart and Stop (and inside the NVTX range "profiled"), the o
 profiles (every kernel of it). With --time, instead
 the do_bench time of a call (run it outside the profiler).
 
-    python results/attention/gluon_bwd_profile/drive.py ours|cudnn [--causal] [--time]
+    python results/attention/gluon_bwd_profile/drive.py ours|cudnn|pp64 [--causal] [--time]
 """
 import argparse
 import sys
@@ -21,7 +21,7 @@ import kernels.flash_gluon as G  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("provider", choices=["ours", "cudnn"])
+    ap.add_argument("provider", choices=["ours", "cudnn", "pp64"])
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--time", action="store_true")
     args = ap.parse_args()
@@ -30,14 +30,20 @@ def main():
     q, k, v, do = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
                    for _ in range(4))
     scale = head_dim ** -0.5
-    if args.provider == "ours":
+    if args.provider in ("ours", "pp64"):
         o, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen, device="cuda")
         G.gluon_forward(q, k, v, o, lse, scale * G.LOG2E, args.causal)
         delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
         grads = [torch.empty_like(q) for _ in range(3)]
 
+        if args.provider == "pp64":  # ../gluon_bwd_pp64/: the two compute warpgroups apart
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
+            from pp64_bwd import pp64_backward as backward
+        else:
+            backward = G.gluon_backward
+
         def step():
-            G.gluon_backward(do, q, k, v, lse, delta, *grads, scale, args.causal)
+            backward(do, q, k, v, lse, delta, *grads, scale, args.causal)
     else:
         qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Second profile (after profile.sh): where the head-dim-64 backward's warps stall, instruction by instruction, ours
 # against cuDNN's, non-causal, one H100 (one call, ~3 minutes), repo root:
-#   bash results/attention/gluon_bwd_profile/stalls.sh
+#   bash results/attention/gluon_bwd_profile/stalls.sh      (PROVIDERS="pp64" for ../gluon_bwd_pp64's kernel)
 # profile.sh's run showed neither the tensor pipe (42%) nor L1/shared memory (64%) saturated; this one reads the
 # stall reasons (warp state, PC sampling) and the scheduler statistics, per kernel and per SASS instruction.
 # Only the kernels between drive.py's cudaProfilerStart and Stop are profiled (--profile-from-start off).
@@ -13,7 +13,7 @@ ncu --version | tail -1 | tee -a $OUT/gpu.txt
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a $OUT/gpu.txt
 SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
   --section WarpStateStats --section SchedulerStats --section SourceCounters --section LaunchStats"
-for provider in ours cudnn; do
+for provider in ${PROVIDERS:-ours cudnn}; do
   python $D/drive.py $provider --time | tee -a $OUT/times.txt
   timeout 240 ncu --clock-control none --profile-from-start off --launch-count 20 $SECTIONS \
     --import-source no -o /tmp/$provider python $D/drive.py $provider > /tmp/ncu_$provider.log 2>&1
