@@ -38,7 +38,8 @@ SUB_N = gl.constexpr(64)  # keys a warpgroup
 @gluon.jit
 def _pp_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr,
+                  empty, STAGES: gl.constexpr, WRITER_RELEASES: gl.constexpr):
     if ABLATE > 0:  # the compute warpgroups hand over no dQ
         return
     g = 0  # query tiles, and the first warpgroup's dQ partials
@@ -58,6 +59,9 @@ def _pp_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqle
                 if partial1:
                     mbarrier.wait(dq_full.index(s1), (g1 // DQ_STAGES) & 1)
                     G.tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s1))
+                if WRITER_RELEASES:
+                    # both warpgroups handed this tile's dQ over after their last wgmma: Q_i, dO_i are read
+                    mbarrier.arrive(empty.index(g % STAGES))
                 tma.store_wait(0)  # the TMA unit has read the slots
                 mbarrier.arrive(dq_empty.index(s))
                 if partial1:
@@ -105,7 +109,8 @@ def _pp_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sm
                 delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                 head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr):
+                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr,
+                WRITER_RELEASES: gl.constexpr):
     st_layout: gl.constexpr = G._tile_layout(4, SUB_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = G._tile_layout(4, SUB_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
@@ -150,7 +155,8 @@ def _pp_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_sm
                         dv, dk, dq = G._bwd_tile(k_w, v_w, q_smem.index(slot), do_smem.index(slot), ds_w, ds_w, lse,
                                                  delta, i, start_w, keys, qcols, st_init, dq_init, dv, dk, qk_scale,
                                                  op_layout, BLOCK_M, SUB_N, IS_CAUSAL, False)
-                    mbarrier.arrive(empty.index(slot))  # count 2: refilled once both warpgroups are done with it
+                    if not WRITER_RELEASES:
+                        mbarrier.arrive(empty.index(slot))  # count 2: refilled once both warpgroups are done with it
                     _pp_release_kv(kv_empty, i, lo, it, KV_BUFFERS)
                     if ABLATE == 0:
                         s = W * DQ_STAGES + gq % DQ_STAGES
@@ -177,11 +183,11 @@ def _pp_compute0(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_
                  kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale, sm_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                 SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr):
+                 SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr, WRITER_RELEASES: gl.constexpr):
     _pp_compute(0, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
                 sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, SKIP_MASKED,
-                ABLATE)
+                ABLATE, WRITER_RELEASES)
 
 
 @gluon.jit
@@ -189,11 +195,11 @@ def _pp_compute1(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_
                  kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale, sm_scale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                 SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr):
+                 SKIP_MASKED: gl.constexpr, ABLATE: gl.constexpr, WRITER_RELEASES: gl.constexpr):
     _pp_compute(1, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
                 sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, SKIP_MASKED,
-                ABLATE)
+                ABLATE, WRITER_RELEASES)
 
 
 @gluon.jit
@@ -201,7 +207,7 @@ def _pp_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE,
                qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
                PAIRED: gl.constexpr, ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, SKIP: gl.constexpr,
-               ABLATE: gl.constexpr = 0):
+               ABLATE: gl.constexpr = 0, WRITER_RELEASES: gl.constexpr = False):
     # k_desc, v_desc: tiles of BLOCK_N keys (the loader's); dk_desc, dv_desc: of SUB_N keys (a warpgroup's half)
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(BLOCK_N == 2 * SUB_N, "two warpgroups of 64 keys")
@@ -226,7 +232,8 @@ def _pp_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE,
         mbarrier.init(kv_empty.index(i), count=2)  # both warpgroups' halves stored
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both warpgroups done with the slot
+        # both warpgroups done with the slot, or (WRITER_RELEASES) the dQ warp, once it has both tiles' partials
+        mbarrier.init(empty.index(i), count=1 if WRITER_RELEASES else 2)
     for i in gl.static_range(2 * DQ_STAGES):
         mbarrier.init(dq_full.index(i), count=1)
         mbarrier.init(dq_empty.index(i), count=1)
@@ -236,23 +243,26 @@ def _pp_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE,
         (_pp_compute0, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                         kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                         qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL,
-                        PAIRED, SKIP_MASKED, ABLATE)),
+                        PAIRED, SKIP_MASKED, ABLATE, WRITER_RELEASES)),
         (_pp_compute1, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                         kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                         qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL,
-                        PAIRED, SKIP_MASKED, ABLATE)),
+                        PAIRED, SKIP_MASKED, ABLATE, WRITER_RELEASES)),
         (G._bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                          empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                          BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
         (_pp_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                         BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, SKIP_MASKED, ABLATE))],
+                         BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, SKIP_MASKED, ABLATE, empty, STAGES,
+                         WRITER_RELEASES))],
         [4, 1, 1], [G.CONSUMER_REGS, 24, 24])
 
 
 # (STAGES of the Q / dO / stats ring, DQ_STAGES of each warpgroup's dQ ring, KV_BUFFERS, SKIP: causal, the second
 # warpgroup skips each key block's first query tile, where its keys are all masked, rather than run it masked)
-# (2, 2, 2, False) was measured in the first run (bench_h100_run1.txt): 0.91-1.02x the shipped kernel, dropped
-CONFIGS = [(3, 2, 2, False), (3, 2, 2, True)]
+# (2, 2, 2, False) was measured in the first run (bench_h100_run1.txt): 0.91-1.02x the shipped kernel, dropped.
+# A fifth field, WRITER_RELEASES (default False): the dQ warp frees each Q / dO slot once it has both warpgroups'
+# partials of that tile, so the compute warpgroups skip an arrive and the barrier Gluon puts before it
+CONFIGS = [(3, 2, 2, False), (3, 2, 2, True), (3, 2, 2, False, True)]
 
 
 def layouts(dtype=gl.bfloat16) -> dict:
@@ -266,7 +276,7 @@ def pp64_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, cau
     """As kernels.flash_gluon.gluon_backward (same arguments and checks), head dim 64 only."""
     batch, seqlen, nheads, head_dim = q.shape
     assert head_dim == HEAD_DIM and seqlen % BLOCK_N == 0
-    stages, dq_stages, kv_buffers, skip = config
+    stages, dq_stages, kv_buffers, skip, *writer_releases = config
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     grid = G._grid(seqlen // BLOCK_N, batch * nheads, causal, True, programs, q.device)
     lay = layouts(G._GL_DTYPES[q.dtype])
@@ -279,7 +289,8 @@ def pp64_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, cau
               softmax_scale * G.LOG2E, softmax_scale, G.launch_head_group(seqlen, causal)),
              dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                   KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
-                  CONSUMER_REGS=G.CONSUMER_REGS, SKIP=skip, ABLATE=ablate, num_warps=4))
+                  CONSUMER_REGS=G.CONSUMER_REGS, SKIP=skip, ABLATE=ablate,
+                  WRITER_RELEASES=bool(writer_releases and writer_releases[0]), num_warps=4))
     torch.mul(dqa, softmax_scale, out=dq)
 
 
@@ -292,12 +303,12 @@ def compile_report():
     types = dict(q_desc=desc(BLOCK_M, "q_layout"), do_desc=desc(BLOCK_M, "q_layout"), k_desc=desc(BLOCK_N, "kv_layout"),
                  v_desc=desc(BLOCK_N, "kv_layout"), dk_desc=desc(64, "half_layout"), dv_desc=desc(64, "half_layout"),
                  dqa_desc=desc(BLOCK_M, "dqa_layout", "fp32"))
-    for (stages, dq_stages, kv_buffers, skip), causal in itertools.product(CONFIGS, (False, True)):
+    for (stages, dq_stages, kv_buffers, skip, *wr), causal in itertools.product(CONFIGS, (False, True)):
         consts = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                       KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
-                      CONSUMER_REGS=G.CONSUMER_REGS, SKIP=skip)
+                      CONSUMER_REGS=G.CONSUMER_REGS, SKIP=skip, WRITER_RELEASES=bool(wr and wr[0]))
         r = R.resources(_pp_kernel, consts, 4, stages, sass=True, types=types)
-        print(f"config {(stages, dq_stages, kv_buffers, skip)} causal {causal:d}: {r['regs']} registers, {r['stack']} bytes "
+        print(f"config {(stages, dq_stages, kv_buffers, skip, *wr)} causal {causal:d}: {r['regs']} registers, {r['stack']} bytes "
               f"of spill stack, {r['smem']} bytes of shared memory, {r['ops'].get('HGMMA', 0)} HGMMA, "
               f"{r['ops'].get('BAR', 0)} BAR (static)", flush=True)
 

@@ -48,9 +48,9 @@ class _NoBarrier:
 class Sim(_bwd.Sim):
     """The shipped backward's two-partition simulator plus K/V buffers in halves and each warpgroup's TMA stores."""
 
-    def __init__(self, stages, dq_stages, kv_buffers, rng, bug=None):
-        super().__init__(2, stages, dq_stages, rng, "release count 1" if bug == "Q/dO slot freed by one warpgroup"
-                         else None)
+    def __init__(self, stages, dq_stages, kv_buffers, rng, bug=None, writer_releases=False):
+        one = bug == "Q/dO slot freed by one warpgroup" or writer_releases  # the dQ warp's single arrive
+        super().__init__(2, stages, dq_stages, rng, "release count 1" if one else None)
         self.kv_ready = [Barrier(1 + 4) for _ in range(kv_buffers)]  # the expect, K and V as two halves each
         self.kv_empty = [Barrier(1 if bug == "K/V buffer freed by one warpgroup" else 2) for _ in range(kv_buffers)]
         self.pending = [[], []]  # each warpgroup's TMA stores in flight: (half buffer, unit)
@@ -100,7 +100,7 @@ def loader(s, blocks, stages, kv_buffers):
         it += 1
 
 
-def compute(s, w, blocks, stages, dq_stages, kv_buffers, bug, skip=False):
+def compute(s, w, blocks, stages, dq_stages, kv_buffers, bug, skip=False, writer_releases=False):
     it = g = gq = 0  # gq: dQ partials handed over (under skip, the second warpgroup hands none for a block's first tile)
     mine = 1 - w if bug == "warpgroup writes its dK/dV into the other half" else w
     for unit, n_tiles in blocks:
@@ -115,8 +115,9 @@ def compute(s, w, blocks, stages, dq_stages, kv_buffers, bug, skip=False):
             if not skipped:
                 for buf in ("q", "do", "stats"):
                     s.read(w, (buf, slot), g)
-            s.empty[slot].arrive()
-            s.released[w].add(g)
+            if not writer_releases:
+                s.empty[slot].arrive()
+            s.released[w].add(g)  # its reads of the slot are done (the dQ warp frees it if writer_releases)
             if kv_buffers > 1 and j == 0 and it > 0:
                 if bug != "warpgroup hands its K/V half back before its store wait":
                     yield from s.store_wait(w)
@@ -138,18 +139,23 @@ def compute(s, w, blocks, stages, dq_stages, kv_buffers, bug, skip=False):
     yield from s.store_wait(w)
 
 
-def dq_writer(s, blocks, dq_stages, bug, skip=False):
+def dq_writer(s, blocks, dq_stages, bug, skip=False, stages=None, writer_releases=False):
     t = g1 = 0  # t: query tiles (and the first warpgroup's partials); g1: the second warpgroup's partials
     for _, n_tiles in blocks:
         for j in range(n_tiles):
             d, d1 = t % dq_stages, g1 % dq_stages
             yield s.dq_full[0][d], (t // dq_stages) & 1
             s.reduce(0, d, t)
+            early = writer_releases and bug == "writer frees the slot before the second partial"
+            if early:
+                s.empty[t % stages].arrive()
             second = not (skip and j == 0)
             if second:
                 if bug != "writer waits for one partial":
                     yield s.dq_full[1][d1], (g1 // dq_stages) & 1
                 s.reduce(1, d1, t)
+            if writer_releases and not early:
+                s.empty[t % stages].arrive()
             s.dq_empty[0][d].arrive()
             if second:
                 s.dq_empty[1][d1].arrive()
@@ -157,13 +163,13 @@ def dq_writer(s, blocks, dq_stages, bug, skip=False):
             t += 1
 
 
-def simulate(blocks, stages, dq_stages, kv_buffers, rng, bug=None, skip=False):
-    s = Sim(stages, dq_stages, kv_buffers, rng, bug)
+def simulate(blocks, stages, dq_stages, kv_buffers, rng, bug=None, skip=False, writer_releases=False):
+    s = Sim(stages, dq_stages, kv_buffers, rng, bug, writer_releases)
     n = sum(t for _, t in blocks)
     s.run({"loader": loader(s, blocks, stages, kv_buffers),
-           "c0": compute(s, 0, blocks, stages, dq_stages, kv_buffers, bug, skip),
-           "c1": compute(s, 1, blocks, stages, dq_stages, kv_buffers, bug, skip),
-           "dq": dq_writer(s, blocks, dq_stages, bug, skip)})
+           "c0": compute(s, 0, blocks, stages, dq_stages, kv_buffers, bug, skip, writer_releases),
+           "c1": compute(s, 1, blocks, stages, dq_stages, kv_buffers, bug, skip, writer_releases),
+           "dq": dq_writer(s, blocks, dq_stages, bug, skip, stages, writer_releases)})
     firsts = {sum(t for _, t in blocks[:b]) for b in range(len(blocks))} if skip else set()
     if sorted(s.reduced) != sorted((w, t) for w in range(2) for t in range(n) if not (w == 1 and t in firsts)):
         raise AssertionError("dQ partials not each reduced once")
@@ -180,16 +186,22 @@ def main():
                 for _ in range(150):
                     causal = rng.random() < 0.5
                     blocks = [(u, rng.randint(1, 8) if causal else 4) for u in range(rng.randint(1, 6))]
-                    # SKIP (causal only): the second warpgroup skips each key block's first query tile
-                    simulate(blocks, stages, dq_stages, kv_buffers, rng, skip=causal and rng.random() < 0.5)
+                    # SKIP (causal only): the second warpgroup skips each key block's first query tile;
+                    # WRITER_RELEASES (not with SKIP): the dQ warp frees the Q / dO slots
+                    skip = causal and rng.random() < 0.5
+                    simulate(blocks, stages, dq_stages, kv_buffers, rng, skip=skip,
+                             writer_releases=not skip and rng.random() < 0.5)
                     cases += 1
     print(f"{cases} random interleavings (1-6 key blocks of 1-8 query tiles, ring depths 2-4, dQ rings 1-2, 1-2 K/V "
           "buffers, two compute warpgroups): no deadlock, no stale or overwritten tile or half buffer, each dQ "
           "partial reduced once")
-    for skip in (False, True):
-        print(f"mutations, skip={skip}:")
-        _bwd.check_mutations(BUGS, lambda bug: simulate([(u, rng.randint(1, 5)) for u in range(4)], 2, 2, 2, rng, bug,
-                                                        skip))
+    for skip, wr in ((False, False), (True, False), (False, True)):
+        print(f"mutations, skip={skip}, writer_releases={wr}:")
+        # with the dQ warp freeing the slots, count 1 is the protocol, not a mutation
+        bugs = (tuple(b for b in BUGS if b != "Q/dO slot freed by one warpgroup")
+                + ("writer frees the slot before the second partial",)) if wr else BUGS
+        _bwd.check_mutations(bugs, lambda bug: simulate([(u, rng.randint(1, 5)) for u in range(4)], 2, 2, 2, rng, bug,
+                                                        skip, wr))
 
 
 if __name__ == "__main__":
