@@ -42,7 +42,7 @@ def _altdq_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v
                    delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
                    seqlen, head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+                   IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, TURNS: gl.constexpr):
     st_layout: gl.constexpr = G._tile_layout(4, SUB_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = G._tile_layout(4, SUB_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
@@ -97,7 +97,8 @@ def _altdq_compute(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v
                     if (i == lo) & (it > 0):
                         tma.store_wait(0)  # this warpgroup's half of the last block's dK, dV has left its buffer
                         mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))  # count 2
-                if g % 2 == W:  # this warpgroup's turn: the tile's whole dQ = dS K over both halves' keys
+                # this warpgroup's turn (TURNS; else the first warpgroup's, always): the tile's whole dQ = dS K
+                if (g % 2 == W) if TURNS else (W == 0):
                     mbarrier.wait(ds_full.index(b), (g // 2) & 1)
                     dq_tok = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)), k_buf.slice(0, SUB_N), dq_init,
                                            use_acc=False, is_async=True)
@@ -130,11 +131,11 @@ def _altdq_compute0(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, 
                     kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                     head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                    IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+                    IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, TURNS: gl.constexpr):
     _altdq_compute(0, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                    kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                    head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
-                   IS_CAUSAL, PAIRED)
+                   IS_CAUSAL, PAIRED, TURNS)
 
 
 @gluon.jit
@@ -142,18 +143,19 @@ def _altdq_compute1(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, 
                     kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                     head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                    IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+                    IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, TURNS: gl.constexpr):
     _altdq_compute(1, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                    kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                    head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
-                   IS_CAUSAL, PAIRED)
+                   IS_CAUSAL, PAIRED, TURNS)
 
 
 @gluon.jit
 def _altdq_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
                   qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  PAIRED: gl.constexpr, ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                  PAIRED: gl.constexpr, ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                  TURNS: gl.constexpr = True):
     # k_desc, v_desc: tiles of BLOCK_N keys (the loader's); dk_desc, dv_desc: of SUB_N keys (a warpgroup's half)
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(BLOCK_N == 2 * SUB_N, "two warpgroups of 64 keys")
@@ -192,11 +194,11 @@ def _altdq_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, L
         (_altdq_compute0, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                            kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
                            seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                           KV_BUFFERS, IS_CAUSAL, PAIRED)),
+                           KV_BUFFERS, IS_CAUSAL, PAIRED, TURNS)),
         (_altdq_compute1, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                            kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
                            seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                           KV_BUFFERS, IS_CAUSAL, PAIRED)),
+                           KV_BUFFERS, IS_CAUSAL, PAIRED, TURNS)),
         (G._bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                          empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                          BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
@@ -205,8 +207,9 @@ def _altdq_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, L
         [4, 1, 1], [CONSUMER_REGS, 24, 24])
 
 
-# (STAGES of the Q / dO / stats ring, DQ_STAGES of the dQ ring, KV_BUFFERS)
-CONFIGS = [(3, 2, 2), (2, 2, 2)]
+# (STAGES of the Q / dO / stats ring, DQ_STAGES of the dQ ring, KV_BUFFERS, TURNS: dQ by the warpgroups in turns,
+# else always by the first)
+CONFIGS = [(3, 2, 2, True), (2, 2, 2, True), (3, 3, 2, True), (3, 2, 2, False)]
 
 
 def layouts(dtype=gl.bfloat16) -> dict:
@@ -220,7 +223,7 @@ def altdq_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     """As kernels.flash_gluon.gluon_backward (same arguments and checks), head dim 64 only."""
     batch, seqlen, nheads, head_dim = q.shape
     assert head_dim == HEAD_DIM and seqlen % BLOCK_N == 0
-    stages, dq_stages, kv_buffers = config
+    stages, dq_stages, kv_buffers, turns = config
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     grid = G._grid(seqlen // BLOCK_N, batch * nheads, causal, True, programs, q.device)
     lay = layouts(G._GL_DTYPES[q.dtype])
@@ -233,7 +236,7 @@ def altdq_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
               softmax_scale * G.LOG2E, softmax_scale, G.launch_head_group(seqlen, causal)),
              dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                   KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
-                  CONSUMER_REGS=G.CONSUMER_REGS, num_warps=4))
+                  CONSUMER_REGS=G.CONSUMER_REGS, TURNS=turns, num_warps=4))
     torch.mul(dqa, softmax_scale, out=dq)
 
 
@@ -246,13 +249,13 @@ def compile_report():
     types = dict(q_desc=desc(BLOCK_M, "q_layout"), do_desc=desc(BLOCK_M, "q_layout"), k_desc=desc(BLOCK_N, "kv_layout"),
                  v_desc=desc(BLOCK_N, "kv_layout"), dk_desc=desc(64, "half_layout"), dv_desc=desc(64, "half_layout"),
                  dqa_desc=desc(BLOCK_M, "dqa_layout", "fp32"))
-    for (stages, dq_stages, kv_buffers), causal in itertools.product(CONFIGS, (False, True)):
+    for (stages, dq_stages, kv_buffers, turns), causal in itertools.product(CONFIGS, (False, True)):
         consts = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                       KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
-                      CONSUMER_REGS=G.CONSUMER_REGS)
+                      CONSUMER_REGS=G.CONSUMER_REGS, TURNS=turns)
         r = R.resources(_altdq_kernel, consts, 4, stages, sass=True, types=types)
         hgmma = {k: v for k, v in r["ops"].items() if k.startswith("HGMMA")}
-        print(f"config {(stages, dq_stages, kv_buffers)} causal {causal:d}: {r['regs']} registers, {r['stack']} bytes "
+        print(f"config {(stages, dq_stages, kv_buffers, turns)} causal {causal:d}: {r['regs']} registers, {r['stack']} bytes "
               f"of spill stack, {r['smem']} bytes of shared memory, {r['ops'].get('BAR', 0)} BAR (static), "
               f"HGMMA {hgmma}", flush=True)
 
