@@ -19,13 +19,11 @@ the next tile meanwhile.
 """
 import argparse
 import itertools
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-import torch  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,  # noqa: E402
@@ -33,8 +31,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 import kernels.flash_gluon as G  # noqa: E402
 
-BLOCK_M, BLOCK_N, HEAD_DIM = 64, 128, 64
-SUB_N = gl.constexpr(64)  # keys a warpgroup
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
+import pp64_bwd as PP  # noqa: E402  (the tile sizes, layouts, launcher and check / bench harness are pp64's)
+
+BLOCK_M, BLOCK_N, HEAD_DIM, SUB_N = PP.BLOCK_M, PP.BLOCK_N, PP.HEAD_DIM, PP.SUB_N
 
 
 @gluon.jit
@@ -212,125 +212,29 @@ def _altdq_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, L
 CONFIGS = [(3, 2, 2, True), (2, 2, 2, True), (3, 3, 2, True), (3, 2, 2, False)]
 
 
-def layouts(dtype=gl.bfloat16) -> dict:
-    return dict(q_layout=G._shared_layout(BLOCK_M, HEAD_DIM, dtype), kv_layout=G._shared_layout(BLOCK_N, HEAD_DIM, dtype),
-                half_layout=G._shared_layout(64, HEAD_DIM, dtype), ds_layout=G._shared_layout(64, BLOCK_M, dtype),
-                dqa_layout=G._shared_layout(BLOCK_M, HEAD_DIM, gl.float32))
-
-
 def altdq_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, config=CONFIGS[0],
                    programs: int | None = None) -> None:
     """As kernels.flash_gluon.gluon_backward (same arguments and checks), head dim 64 only."""
-    batch, seqlen, nheads, head_dim = q.shape
-    assert head_dim == HEAD_DIM and seqlen % BLOCK_N == 0
     stages, dq_stages, kv_buffers, turns = config
-    dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
-    grid = G._grid(seqlen // BLOCK_N, batch * nheads, causal, True, programs, q.device)
-    lay = layouts(G._GL_DTYPES[q.dtype])
-    queries = lambda t: G.head_tiles(t, BLOCK_M, lay["q_layout"])  # noqa: E731
-    keys = lambda t: G.head_tiles(t, BLOCK_N, lay["kv_layout"])  # noqa: E731
-    halves = lambda t: G.head_tiles(t, 64, lay["half_layout"])  # noqa: E731
-    G.launch(_altdq_kernel, grid,
-             (queries(q), queries(do), keys(k), keys(v), halves(dk), halves(dv),
-              G.head_tiles(dqa, BLOCK_M, lay["dqa_layout"]), lse, delta, seqlen, nheads, batch * nheads,
-              softmax_scale * G.LOG2E, softmax_scale, G.launch_head_group(seqlen, causal)),
-             dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
-                  KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
-                  CONSUMER_REGS=G.CONSUMER_REGS, TURNS=turns, num_warps=4))
-    torch.mul(dqa, softmax_scale, out=dq)
+    PP.launch_split(_altdq_kernel, do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, programs,
+                    dict(STAGES=stages, DQ_STAGES=dq_stages, KV_BUFFERS=kv_buffers, TURNS=turns))
 
 
 def compile_report():
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
     import kernel_resources as R
 
-    lay = layouts()
-    desc = lambda r, l, t="bf16": R.tensordesc(t, [r, HEAD_DIM], lay[l])  # noqa: E731
-    types = dict(q_desc=desc(BLOCK_M, "q_layout"), do_desc=desc(BLOCK_M, "q_layout"), k_desc=desc(BLOCK_N, "kv_layout"),
-                 v_desc=desc(BLOCK_N, "kv_layout"), dk_desc=desc(64, "half_layout"), dv_desc=desc(64, "half_layout"),
-                 dqa_desc=desc(BLOCK_M, "dqa_layout", "fp32"))
+    lay = PP.layouts()
+    types = PP.sm90_types(R)
     for (stages, dq_stages, kv_buffers, turns), causal in itertools.product(CONFIGS, (False, True)):
         consts = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                       KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
                       CONSUMER_REGS=G.CONSUMER_REGS, TURNS=turns)
         r = R.resources(_altdq_kernel, consts, 4, stages, sass=True, types=types)
         hgmma = {k: v for k, v in r["ops"].items() if k.startswith("HGMMA")}
-        print(f"config {(stages, dq_stages, kv_buffers, turns)} causal {causal:d}: {r['regs']} registers, {r['stack']} bytes "
-              f"of spill stack, {r['smem']} bytes of shared memory, {r['ops'].get('BAR', 0)} BAR (static), "
+        print(f"config {(stages, dq_stages, kv_buffers, turns)} causal {causal:d}: {r['regs']} registers, {r['stack']} "
+              f"bytes of spill stack, {r['smem']} bytes of shared memory, {r['ops'].get('BAR', 0)} BAR (static), "
               f"HGMMA {hgmma}", flush=True)
-
-
-def _inputs(batch, seqlen, nheads, causal, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v, do = (torch.randn(batch, seqlen, nheads, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-                   for _ in range(4))
-    scale = HEAD_DIM ** -0.5
-    o, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen, device="cuda")
-    G.gluon_forward(q, k, v, o, lse, scale * G.LOG2E, causal)
-    delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
-    return q, k, v, do, lse, delta, scale
-
-
-def _run(fn, args, causal, **kw):
-    q, k, v, do, lse, delta, scale = args
-    grads = [torch.empty_like(q) for _ in range(3)]
-    fn(do, q, k, v, lse, delta, *grads, scale, causal, **kw)
-    return grads
-
-
-def _reference(args, causal):
-    q, k, v, do, _, _, scale = args
-    q64, k64, v64 = (x.double().transpose(1, 2).requires_grad_() for x in (q, k, v))
-    s = q64 @ k64.transpose(-1, -2) * scale
-    if causal:
-        n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    out = torch.softmax(s, -1) @ v64
-    return [g.transpose(1, 2) for g in torch.autograd.grad(out, (q64, k64, v64), do.double().transpose(1, 2))]
-
-
-def check():
-    bad = 0
-    for cfg, seqlen, causal, programs in itertools.product(CONFIGS, (384, 1024), (False, True), (None, 7)):
-        args = _inputs(2, seqlen, 4, causal)
-        ref = _reference(args, causal)
-        shipped = _run(G.gluon_backward, args, causal, programs=programs)
-        grads = _run(altdq_backward, args, causal, config=cfg, programs=programs)
-        err = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref)]
-        base = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(shipped, ref)]
-        same = all(torch.equal(a, b) for a, b in zip(grads[1:], shipped[1:]))
-        ok = all(e <= 2 * b + 1e-3 for e, b in zip(err, base)) and max(err) < 2e-2
-        bad += not ok
-        print(f"config {cfg} seqlen {seqlen} causal {causal:d} programs {programs}: rel err dq/dk/dv "
-              f"{err[0]:.2e} {err[1]:.2e} {err[2]:.2e} (shipped {base[0]:.2e} {base[1]:.2e} {base[2]:.2e}); dK/dV "
-              f"bit-identical to the shipped kernel's: {same}; {'ok' if ok else 'BAD'}", flush=True)
-    print("all ok" if not bad else f"{bad} BAD")
-
-
-def bench(seqlens, rounds):
-    import triton.testing
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    print(f"backward ms, median of {rounds} alternating rounds of do_bench; 16K tokens, 32 heads, head dim 64, bf16")
-    for seqlen, causal in itertools.product(seqlens, (False, True)):
-        args = _inputs(16384 // seqlen, seqlen, 32, causal)
-        q, k, v, do, *_ = args
-        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-        dot = do.transpose(1, 2)
-        fns = {"shipped": lambda: _run(G.gluon_backward, args, causal),
-               "cudnn": lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)}
-        for cfg in CONFIGS:
-            fns[f"altdq{cfg}"] = lambda cfg=cfg: _run(altdq_backward, args, causal, config=cfg)
-        times = {n: [] for n in fns}
-        for _ in range(rounds):
-            for n, f in fns.items():
-                times[n].append(triton.testing.do_bench(f, rep=60))
-        base = statistics.median(times["shipped"])
-        print(f"seqlen {seqlen} causal {causal:d}: " + " ".join(
-            f"{n} {statistics.median(t):.3f} ({base / statistics.median(t):.3f}x)" for n, t in times.items()),
-            flush=True)
 
 
 if __name__ == "__main__":
@@ -339,4 +243,5 @@ if __name__ == "__main__":
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    {"compile": compile_report, "check": check, "bench": lambda: bench(a.seqlens, a.rounds)}[a.mode]()
+    {"compile": compile_report, "check": lambda: PP.check(altdq_backward, CONFIGS),
+     "bench": lambda: PP.bench(a.seqlens, a.rounds, altdq_backward, CONFIGS, "altdq")}[a.mode]()

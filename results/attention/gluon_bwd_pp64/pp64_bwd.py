@@ -271,27 +271,43 @@ def layouts(dtype=gl.bfloat16) -> dict:
                 dqa_layout=G._shared_layout(BLOCK_M, HEAD_DIM, gl.float32))
 
 
-def pp64_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, config=CONFIGS[0],
-                  programs: int | None = None, ablate: int = 0) -> None:
-    """As kernels.flash_gluon.gluon_backward (same arguments and checks), head dim 64 only."""
+def launch_split(kernel, do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, programs, consts):
+    """Launch a kernel of this folder's form (and ../gluon_bwd_altdq's): `_bwd_kernel`'s arguments with dK and dV
+    written by 64-key halves, on the persistent grid; consts: its constexprs beyond the tiles, mask and layout. Then
+    dQ scaled and cast out of the float32 buffer, as gluon_backward does."""
     batch, seqlen, nheads, head_dim = q.shape
     assert head_dim == HEAD_DIM and seqlen % BLOCK_N == 0
-    stages, dq_stages, kv_buffers, skip, *writer_releases = config
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     grid = G._grid(seqlen // BLOCK_N, batch * nheads, causal, True, programs, q.device)
     lay = layouts(G._GL_DTYPES[q.dtype])
     queries = lambda t: G.head_tiles(t, BLOCK_M, lay["q_layout"])  # noqa: E731
     keys = lambda t: G.head_tiles(t, BLOCK_N, lay["kv_layout"])  # noqa: E731
     halves = lambda t: G.head_tiles(t, 64, lay["half_layout"])  # noqa: E731
-    G.launch(_pp_kernel, grid,
+    G.launch(kernel, grid,
              (queries(q), queries(do), keys(k), keys(v), halves(dk), halves(dv),
               G.head_tiles(dqa, BLOCK_M, lay["dqa_layout"]), lse, delta, seqlen, nheads, batch * nheads,
               softmax_scale * G.LOG2E, softmax_scale, G.launch_head_group(seqlen, causal)),
-             dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
-                  KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
-                  CONSUMER_REGS=G.CONSUMER_REGS, SKIP=skip, ABLATE=ablate,
-                  WRITER_RELEASES=bool(writer_releases and writer_releases[0]), num_warps=4))
+             dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, IS_CAUSAL=causal, PAIRED=causal,
+                  ds_layout=lay["ds_layout"], CONSUMER_REGS=G.CONSUMER_REGS, num_warps=4, **consts))
     torch.mul(dqa, softmax_scale, out=dq)
+
+
+def pp64_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, config=CONFIGS[0],
+                  programs: int | None = None, ablate: int = 0) -> None:
+    """As kernels.flash_gluon.gluon_backward (same arguments and checks), head dim 64 only."""
+    stages, dq_stages, kv_buffers, skip, *writer_releases = config
+    launch_split(_pp_kernel, do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, programs,
+                 dict(STAGES=stages, DQ_STAGES=dq_stages, KV_BUFFERS=kv_buffers, SKIP=skip, ABLATE=ablate,
+                      WRITER_RELEASES=bool(writer_releases and writer_releases[0])))
+
+
+def sm90_types(R) -> dict:
+    """The descriptor argument types of a kernel of this form, for scripts/kernel_resources.py (R)'s compile."""
+    lay = layouts()
+    desc = lambda r, l, t="bf16": R.tensordesc(t, [r, HEAD_DIM], lay[l])  # noqa: E731
+    return dict(q_desc=desc(BLOCK_M, "q_layout"), do_desc=desc(BLOCK_M, "q_layout"), k_desc=desc(BLOCK_N, "kv_layout"),
+                v_desc=desc(BLOCK_N, "kv_layout"), dk_desc=desc(64, "half_layout"), dv_desc=desc(64, "half_layout"),
+                dqa_desc=desc(BLOCK_M, "dqa_layout", "fp32"))
 
 
 def compile_report():
@@ -299,10 +315,7 @@ def compile_report():
     import kernel_resources as R
 
     lay = layouts()
-    desc = lambda r, l, t="bf16": R.tensordesc(t, [r, HEAD_DIM], lay[l])  # noqa: E731
-    types = dict(q_desc=desc(BLOCK_M, "q_layout"), do_desc=desc(BLOCK_M, "q_layout"), k_desc=desc(BLOCK_N, "kv_layout"),
-                 v_desc=desc(BLOCK_N, "kv_layout"), dk_desc=desc(64, "half_layout"), dv_desc=desc(64, "half_layout"),
-                 dqa_desc=desc(BLOCK_M, "dqa_layout", "fp32"))
+    types = sm90_types(R)
     for (stages, dq_stages, kv_buffers, skip, *wr), causal in itertools.product(CONFIGS, (False, True)):
         consts = dict(HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, DQ_STAGES=dq_stages,
                       KV_BUFFERS=kv_buffers, IS_CAUSAL=causal, PAIRED=causal, ds_layout=lay["ds_layout"],
@@ -342,13 +355,14 @@ def _reference(args, causal):
     return [g.transpose(1, 2) for g in torch.autograd.grad(out, (q64, k64, v64), do.double().transpose(1, 2))]
 
 
-def check():
+def check(backward=None, configs=CONFIGS):
+    """backward (this folder's pp64_backward by default) in each of configs, against float64 and the shipped kernel."""
     bad = 0
-    for cfg, seqlen, causal, programs in itertools.product(CONFIGS, (384, 1024), (False, True), (None, 7)):
+    for cfg, seqlen, causal, programs in itertools.product(configs, (384, 1024), (False, True), (None, 7)):
         args = _inputs(2, seqlen, 4, causal)
         ref = _reference(args, causal)
         shipped = _run(G.gluon_backward, args, causal, programs=programs)
-        grads = _run(pp64_backward, args, causal, config=cfg, programs=programs)
+        grads = _run(backward or pp64_backward, args, causal, config=cfg, programs=programs)
         err = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref)]
         base = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(shipped, ref)]
         same = all(torch.equal(a, b) for a, b in zip(grads[1:], shipped[1:]))
@@ -360,7 +374,9 @@ def check():
     print("all ok" if not bad else f"{bad} BAD")
 
 
-def bench(seqlens, rounds):
+def bench(seqlens, rounds, backward=None, configs=CONFIGS, tag="pp"):
+    """backward (pp64_backward by default) in each of configs, named tag + config, against the shipped kernel and
+    cuDNN's backward, in alternating rounds."""
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -374,8 +390,8 @@ def bench(seqlens, rounds):
         dot = do.transpose(1, 2)
         fns = {"shipped": lambda: _run(G.gluon_backward, args, causal),
                "cudnn": lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)}
-        for cfg in CONFIGS:
-            fns[f"pp{cfg}"] = lambda cfg=cfg: _run(pp64_backward, args, causal, config=cfg)
+        for cfg in configs:
+            fns[f"{tag}{cfg}"] = lambda cfg=cfg: _run(backward or pp64_backward, args, causal, config=cfg)
         times = {n: [] for n in fns}
         for _ in range(rounds):
             for n, f in fns.items():
