@@ -24,7 +24,7 @@ does (results/attention/gluon_fwd/README.md). Measured on one H100 against the `
 at head dim 128 from 1K tokens (results/attention/gluon_fwd/bench_h100.txt), 1.2-1.9x at 256 from 512
 (short_h100.txt, bench_h100_hd256.txt), 1.03-1.12x at 64 from 2K non-causal and 4K causal
 (results/attention/launch_direct/hd64_fwd_h100.txt); the persistent grid adds to these (PERSISTENT_CAUSAL_UP_TO's
-comment). The backward (`_bwd_kernel`, below) has its own account.
+comment). The backward (`_bwd_kernel` and, at head dim 64, `_bwd_split_kernel`, below) has its own account.
 
 Both take TMA descriptors built on the host (`head_tiles`, passed by value as __grid_constant__ parameters) rather
 than building their own in every program: 1.1-1.3x at 1K-2K tokens, 1.0-1.07x from 4K
@@ -502,6 +502,10 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
 #                       ring that runs on across key blocks, with LSE_i and delta_i beside them
 #     dQ writer (1 warp) adds each dQ_i from the ring to a float32 dQ buffer by one TMA reduce, frees the slot
 #
+# At head dim 64 `_bwd_split_kernel` runs the same loader and dQ writer, but its two compute warpgroups are separate
+# partitions, and a tile's whole dQ_i (over all 128 keys) is computed by one of them, in turns, while the other goes
+# on to the next tile: cuDNN's layout, read from its SASS (results/attention/gluon_bwd_profile/README.md).
+#
 # The TMA reduce makes dQ's summation order vary from run to run, so deterministic mode keeps kernels/flash.py's
 # backward. Measured on one H100 against it (results/attention/gluon_bwd/bench_h100_s25.txt, device-built descriptors):
 # 1.24-1.39x at head dim 128, 0.87-0.94x cuDNN's backward. At head dim 64, with host descriptors and direct launches
@@ -520,15 +524,18 @@ BWD_HEAD_DIMS = (64, 128, 256)
 # compile_sm90.txt; 16 bytes since the kernel loops over key blocks), and on one H100 it is 1.08-1.30x the
 # @triton.jit backward at 512-16K (check_h100.txt).
 BWD_TILES = {64: (64, 128, 3, 2), 128: (64, 128, 2, 2), 256: (64, 64, 1, 1)}
-BWD_WARPS = 8  # the compute partition; the loader and the dQ writer get one warp each
+BWD_WARPS = 8  # `_bwd_kernel`'s compute partition; the loader and the dQ writer get one warp each
 # The persistent grid (one program a SM running many key blocks, `_work_unit`; causal units are pairs of key blocks)
-# with a second K/V buffer (KV_BUFFERS = 2, 133 -> 166 KB: the next key block's K and V load while this one's are in
-# use, and its dK/dV store runs beside the next block's first tile), against one key block a program, on one H100
+# with a second K/V buffer (133 -> 166 KB: the next key block's K and V load while this one's are in use, and its
+# dK/dV store runs beside the next block's first tile), against one key block a program, on one H100
 # (results/attention/gluon_bwd_persistent/): head dim 64 1.02-1.11x non-causal and 1.02-1.15x causal at 1K-16K. At
 # head dim 128 the second buffer does not fit beside the rings (280 KB), and the persistent grid with one was
-# 0.97-1.07x, so head dims 128 and 256 run one key block a program (the same kernel, KV_BUFFERS = 1).
-BWD_KV_BUFFERS = {64: 2, 128: 1, 256: 1}
-BWD_PERSISTENT_HEAD_DIMS = (64,)
+# 0.97-1.07x, so head dims 128 and 256 run `_bwd_kernel`, one key block a program. Head dim 64 runs
+# `_bwd_split_kernel`, persistent with two K/V buffers: 1.01-1.08x `_bwd_kernel` (persistent, two buffers) at 1K-16K,
+# causal and not, on one H100 (results/attention/gluon_bwd_altdq/bench_h100.txt). At head dim 128 its 64 x 128 dQ
+# accumulator (64 more registers a thread) does not fit beside dK and dV.
+BWD_SPLIT_HEAD_DIMS = (64,)
+BWD_SPLIT_KV_BUFFERS = 2
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
 # @triton.jit kernels at 1K
@@ -674,8 +681,9 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse, delta, i, start_
 def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                  kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
                  sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 PAIRED: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr):
+                 STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
+                 SPLIT: gl.constexpr):
+    # one K/V buffer, key blocks one after another (`_bwd_kernel`)
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
@@ -685,18 +693,17 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     it = 0
     g = 0
-    for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
-        bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
+    for u in range(gl.program_id(0), _n_units(n_n, n_bh, False), gl.num_programs(0)):
+        bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, False, False)
         for half in range(count):
             start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
                                                                   seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
-            kb = it % KV_BUFFERS
-            k_buf = k_smem.index(kb)
-            v_buf = v_smem.index(kb)
+            k_buf = k_smem.index(0)
+            v_buf = v_smem.index(0)
             keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
             dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
             dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
-            mbarrier.wait(kv_ready.index(kb), (it // KV_BUFFERS) & 1)
+            mbarrier.wait(kv_ready.index(0), it & 1)
             for i in range(lo, n_end):
                 slot = g % STAGES
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
@@ -706,11 +713,6 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                                          delta, i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout,
                                          BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT)
                 mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill it
-                if KV_BUFFERS > 1:
-                    if (i == lo) & (it > 0):
-                        # the last key block's dK, dV stores ran beside this tile: wait for them, hand the buffer back
-                        tma.store_wait(0)
-                        mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))
                 s = g % DQ_STAGES
                 mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
                 dq_smem.index(s).store(dq)
@@ -724,21 +726,21 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
             fence_async_shared()
             tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_buf)
             tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_buf)
-            if KV_BUFFERS == 1:
-                tma.store_wait(0)
-                mbarrier.arrive(kv_empty.index(0))
+            tma.store_wait(0)
+            mbarrier.arrive(kv_empty.index(0))
             it += 1
-    tma.store_wait(0)
 
 
 @gluon.jit
 def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
                 qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                PAIRED: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr):
+                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
+                ds_layout: gl.constexpr):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
-    # Each program runs work units pid, pid + programs, ... (`_work_unit` over key blocks)
+    # Each program runs work units pid, pid + programs, ... (`_work_unit` over single key blocks), one K/V buffer
+    KV_BUFFERS: gl.constexpr = 1
+    PAIRED: gl.constexpr = False
     dtype: gl.constexpr = q_desc.dtype
     n_n = seqlen // BLOCK_N
     k_smem = gl.allocate_shared_memory(dtype, [KV_BUFFERS, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -775,8 +777,8 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
     gl.warp_specialize([
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
                         delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
-                        head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
-                        IS_CAUSAL, PAIRED, WARPS, SPLIT)),
+                        head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL,
+                        WARPS, SPLIT)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
@@ -785,15 +787,189 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         [1, 1], [24, 24])
 
 
+@gluon.jit
+def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+              delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
+              seqlen, head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """`_bwd_split_kernel`'s compute warpgroup W (4 warps): keys start_n + 64 W .. + 63 of each key block. Per query
+    tile g (counted over all key blocks): S^T, dP^T, P^T, dV and dK for its keys, as `_bwd_tile`, with its dS^T half
+    stored to the tile's buffer b = g % 2; then, if g % 2 == W, the tile's whole dQ = dS K over both halves."""
+    SUB_N: gl.constexpr = BLOCK_N // 2
+    st_layout: gl.constexpr = _tile_layout(4, SUB_N, BLOCK_M)
+    kv_acc_layout: gl.constexpr = _tile_layout(4, SUB_N, HEAD_DIM)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
+    dq_layout: gl.constexpr = _tile_layout(4, BLOCK_M, HEAD_DIM)
+    qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    st_init = gl.zeros([SUB_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    it = 0
+    g = 0
+    for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
+        bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
+        for half in range(count):
+            start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
+                                                                  seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
+            start_w = start_n + W * SUB_N
+            kb = it % KV_BUFFERS
+            k_buf = k_smem.index(kb)
+            k_w = k_buf.slice(W * SUB_N, SUB_N)
+            v_w = v_smem.index(kb).slice(W * SUB_N, SUB_N)
+            keys = start_w + gl.arange(0, SUB_N, layout=gl.SliceLayout(1, st_layout))
+            dk = gl.zeros([SUB_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+            dv = gl.zeros([SUB_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
+            mbarrier.wait(kv_ready.index(kb), (it // KV_BUFFERS) & 1)
+            for i in range(lo, n_end):
+                slot = g % STAGES
+                mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
+                q_s = q_smem.index(slot)
+                do_s = do_smem.index(slot)
+                lse = lse_smem.index(slot).load(st_layout)
+                delta = delta_smem.index(slot).load(st_layout)
+                st_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+                dpt_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+                st = warpgroup_mma_wait(1, (st_tok,))
+                pt = gl.exp2(st * qk_scale - lse)
+                if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
+                    if i * BLOCK_M < start_w + SUB_N:
+                        queries = i * BLOCK_M + qcols
+                        pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+                dv_tok = warpgroup_mma(gl.convert_layout(pt.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
+                dpt = warpgroup_mma_wait(1, (dpt_tok,))
+                dst = (pt * (dpt - delta)).to(q_s.dtype)
+                b = g % 2
+                # the dQ of tile g - 2 has read this dS^T buffer (a fresh barrier passes parity 1)
+                mbarrier.wait(ds_free.index(b), ((g // 2) & 1) ^ 1)
+                ds_smem.index(2 * b + W).store(dst)
+                dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+                fence_async_shared()
+                mbarrier.arrive(ds_full.index(b))  # count 2: both halves of tile g's dS^T stored
+                dv, dk = warpgroup_mma_wait(0, (dv_tok, dk_tok))
+                mbarrier.arrive(empty.index(slot))  # count 2: Q_i, dO_i, LSE_i, delta_i read by both warpgroups
+                if (i == lo) & (it > 0):
+                    tma.store_wait(0)  # this warpgroup's half of the last key block's dK, dV has left its buffer
+                    mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))  # count 2
+                if g % 2 == W:  # this warpgroup's turn: the tile's whole dQ, two chained m64n64 wgmma
+                    mbarrier.wait(ds_full.index(b), (g // 2) & 1)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)), k_buf.slice(0, SUB_N), dq_init,
+                                           use_acc=False, is_async=True)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * b + 1).permute((1, 0)), k_buf.slice(SUB_N, SUB_N),
+                                           dq_tok, is_async=True)
+                    dq = warpgroup_mma_wait(0, (dq_tok,))
+                    mbarrier.arrive(ds_free.index(b))
+                    s = g % DQ_STAGES
+                    mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
+                    dq_smem.index(s).store(dq)
+                    fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+                    mbarrier.arrive(dq_full.index(s))
+                g += 1
+            # the key block's last dQ (either warpgroup's) reads both K halves: done before dK overwrites this one
+            mbarrier.wait(ds_free.index((g - 1) % 2), ((g - 1) // 2) & 1)
+            k_w.store((dk * sm_scale).to(k_w.dtype))
+            v_w.store(dv.to(v_w.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dk_desc, [row0 + start_w, col], k_w)
+            tma.async_copy_shared_to_global(dv_desc, [row0 + start_w, col], v_w)
+            it += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _bwd_half0(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
+               kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
+               qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               PAIRED: gl.constexpr):
+    _bwd_half(0, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
+              kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
+              qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)
+
+
+@gluon.jit
+def _bwd_half1(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
+               kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
+               qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+               PAIRED: gl.constexpr):
+    _bwd_half(1, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
+              kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
+              qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)
+
+
+@gluon.jit
+def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
+                      qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
+                      IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr):
+    """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
+    persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
+    the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
+    (results/attention/gluon_bwd_altdq/protocol_sim.py: 1,800 interleavings, 5 single mutations caught)."""
+    gl.static_assert(KV_BUFFERS > 1, "one K/V buffer would need its release after each key block's dK, dV stores")
+    dtype: gl.constexpr = q_desc.dtype
+    SUB_N: gl.constexpr = BLOCK_N // 2
+    n_n = seqlen // BLOCK_N
+    k_smem = gl.allocate_shared_memory(dtype, [KV_BUFFERS, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [KV_BUFFERS, BLOCK_N, HEAD_DIM], k_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [4, SUB_N, BLOCK_M], ds_layout)  # [tile buffer x warpgroup half]
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
+    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(KV_BUFFERS):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # both warpgroups' halves stored
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both warpgroups done with the slot
+    for i in gl.static_range(2):
+        mbarrier.init(ds_full.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=1)
+    for i in gl.static_range(DQ_STAGES):
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_bwd_half0, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
+                      kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
+                      head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
+                      IS_CAUSAL, PAIRED)),
+        (_bwd_half1, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
+                      kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
+                      head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
+                      IS_CAUSAL, PAIRED)),
+        (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
+                       empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
+        [4, 1, 1], [CONSUMER_REGS, 24, 24])
+
+
 @functools.lru_cache(maxsize=None)
-def bwd_layouts(head_dim: int, dtype) -> dict:
-    """The shared layouts of `_bwd_kernel`'s tiles at this head dim (BWD_TILES): its descriptors' (Q / dO,
-    K / V / dK / dV, the float32 dQ buffer) and dS^T's (and P^T's), which it takes as a constexpr (its compute
-    partition builds the register layouts itself)."""
+def bwd_layouts(head_dim: int, dtype, split: bool) -> dict:
+    """The shared layouts of the backward's tiles at this head dim (BWD_TILES): its descriptors' (Q / dO, K / V, dK /
+    dV, the float32 dQ buffer) and dS^T's (and P^T's), which it takes as a constexpr (its compute partitions build
+    the register layouts themselves). split: for `_bwd_split_kernel`, which writes dK, dV and dS^T by halves of the
+    key block."""
     block_m, block_n = BWD_TILES[head_dim][:2]
+    dkv_rows = block_n // 2 if split else block_n
     return dict(q_layout=_shared_layout(block_m, head_dim, dtype),
                 kv_layout=_shared_layout(block_n, head_dim, dtype),
-                ds_layout=_shared_layout(block_n, block_m, dtype),
+                dkv_rows=dkv_rows, dkv_layout=_shared_layout(dkv_rows, head_dim, dtype),
+                ds_layout=_shared_layout(dkv_rows, block_m, dtype),
                 dqa_layout=_shared_layout(block_m, head_dim, gl.float32))
 
 
@@ -814,23 +990,26 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     gradients of softmax_scale-scaled attention of q, k, v at do; lse: the forward's base-2 log-sum-exp and delta =
     rowsum(dO * O), both (batch, nheads, seqlen) contiguous float32. The caller has checked `bwd_unsupported`, the
     TMA layout of q, k, v, do, dk, dv (kernels.flash._ws_layout_problem). programs: at most this many programs
-    (tests: each then runs many key blocks), else one a SM at BWD_PERSISTENT_HEAD_DIMS, one a key block elsewhere."""
+    (tests: each then runs many key blocks), else one a SM at BWD_SPLIT_HEAD_DIMS, one a key block elsewhere."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
-    persistent = head_dim in BWD_PERSISTENT_HEAD_DIMS
-    paired = causal and persistent
-    grid = _grid(seqlen // block_n, batch * nheads, paired, persistent, programs, q.device)
-    lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype])
+    split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
+    grid = _grid(seqlen // block_n, batch * nheads, causal and split, split, programs, q.device)
+    lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype], split)
     queries = lambda t: head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
-    launch(_bwd_kernel, grid,
-           (queries(q), queries(do), keys(k), keys(v), keys(dk), keys(dv),
-            head_tiles(dqa, block_m, lay["dqa_layout"]), lse, delta, seqlen, nheads, batch * nheads,
-            softmax_scale * LOG2E, softmax_scale, launch_head_group(seqlen, causal)),
-           dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
-                KV_BUFFERS=BWD_KV_BUFFERS[head_dim], IS_CAUSAL=causal, PAIRED=paired, WARPS=BWD_WARPS,
-                ds_layout=lay["ds_layout"], num_warps=BWD_WARPS))
+    dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
+    args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
+            lse, delta, seqlen, nheads, batch * nheads, softmax_scale * LOG2E, softmax_scale,
+            launch_head_group(seqlen, causal))
+    consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
+                  IS_CAUSAL=causal, ds_layout=lay["ds_layout"])
+    if split:
+        launch(_bwd_split_kernel, grid, args, dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal,
+                                                   CONSUMER_REGS=CONSUMER_REGS, num_warps=4))
+    else:
+        launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS))
     torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

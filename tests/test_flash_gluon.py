@@ -237,26 +237,32 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
 
 
 def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, patch: str = "") -> dict:
-    """compile_sm90 of the Gluon backward with the tiles and schedule it launches at this head dim
-    (flash_gluon.BWD_TILES, BWD_KV_BUFFERS, BWD_PERSISTENT_HEAD_DIMS), or with `tiles` (BLOCK_M, BLOCK_N, STAGES,
-    DQ_STAGES) instead; `patch`: Python run first in the compiling process
-    with flash_gluon as G (an experiment's other layout, say)."""
+    """compile_sm90 of the Gluon backward kernel that gluon_backward launches at this head dim, with its tiles and
+    schedule (flash_gluon.BWD_TILES; `_bwd_split_kernel`, persistent with BWD_SPLIT_KV_BUFFERS, at
+    BWD_SPLIT_HEAD_DIMS, else `_bwd_kernel`), or with `tiles` (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) instead;
+    `patch`: Python run first in the compiling process with flash_gluon as G (an experiment's other layout, say)."""
     import kernels.flash_gluon as G
 
     block_m, block_n, stages, dq_stages = tiles or G.BWD_TILES[head_dim]
     setup = "; ".join(line for line in (
         "import kernels.flash_gluon as G", "from triton.experimental.gluon import language as gl", patch,
         f"G.BWD_TILES[{head_dim}] = ({block_m}, {block_n}, {stages}, {dq_stages})", "G.bwd_layouts.cache_clear()",
-        f"lay = G.bwd_layouts({head_dim}, gl.bfloat16)",
+        f"lay = G.bwd_layouts({head_dim}, gl.bfloat16, {head_dim} in G.BWD_SPLIT_HEAD_DIMS)",
         f"desc = lambda r, l, t='bf16': R.tensordesc(t, [r, {head_dim}], lay[l])") if line)
-    paired = causal and head_dim in G.BWD_PERSISTENT_HEAD_DIMS  # as gluon_backward launches it
     consts = (f"dict(HEAD_DIM={head_dim}, BLOCK_M={block_m}, BLOCK_N={block_n}, STAGES={stages}, "
-              f"DQ_STAGES={dq_stages}, KV_BUFFERS=G.BWD_KV_BUFFERS[{head_dim}], IS_CAUSAL={causal}, "
-              f"PAIRED={paired}, WARPS=G.BWD_WARPS, ds_layout=lay['ds_layout'])")
+              f"DQ_STAGES={dq_stages}, IS_CAUSAL={causal}, ds_layout=lay['ds_layout'], ")
+    split = head_dim in G.BWD_SPLIT_HEAD_DIMS
+    if split:  # as gluon_backward launches it
+        consts += f"KV_BUFFERS=G.BWD_SPLIT_KV_BUFFERS, PAIRED={causal}, CONSUMER_REGS=G.CONSUMER_REGS)"
+    else:
+        consts += "WARPS=G.BWD_WARPS)"
+    dkv_rows = block_n // 2 if split else block_n
     types = (f"dict(q_desc=desc({block_m}, 'q_layout'), do_desc=desc({block_m}, 'q_layout'), "
-             f"**{{n: desc({block_n}, 'kv_layout') for n in ('k_desc', 'v_desc', 'dk_desc', 'dv_desc')}}, "
+             f"k_desc=desc({block_n}, 'kv_layout'), v_desc=desc({block_n}, 'kv_layout'), "
+             f"dk_desc=desc({dkv_rows}, 'dkv_layout'), dv_desc=desc({dkv_rows}, 'dkv_layout'), "
              f"dqa_desc=desc({block_m}, 'dqa_layout', 'fp32'))")
-    return compile_sm90("G._bwd_kernel", consts, G.BWD_WARPS, stages, setup, types)
+    kernel, warps = ("G._bwd_split_kernel", 4) if split else ("G._bwd_kernel", G.BWD_WARPS)
+    return compile_sm90(kernel, consts, warps, stages, setup, types)
 
 
 @needs_cuobjdump
@@ -278,17 +284,19 @@ def test_gluon_backward_compiles_for_sm90(causal):
 
 @needs_cuobjdump
 @pytest.mark.parametrize("causal", [False, True])
-def test_gluon_backward_at_head_dim_64_is_persistent_without_spills(causal):
-    """Head dim 64 as launched: the persistent grid (pairs of key blocks under a mask) with two K/V buffers."""
+def test_gluon_backward_at_head_dim_64_is_split_and_persistent_without_spills(causal):
+    """Head dim 64 as launched: `_bwd_split_kernel` on the persistent grid (pairs of key blocks under a mask) with two
+    K/V buffers and two dS^T buffers."""
     import kernels.flash_gluon as G
 
-    assert 64 in G.BWD_PERSISTENT_HEAD_DIMS and G.BWD_KV_BUFFERS[64] == 2
+    assert 64 in G.BWD_SPLIT_HEAD_DIMS and G.BWD_SPLIT_KV_BUFFERS == 2
     _, _, stages, dq_stages = G.BWD_TILES[64]
     r = bwd_compile_sm90(64, causal)
     assert r["stack"] == 0, r
-    # two K/V buffers (128 x 64 each), a Q / dO ring, dS^T and a float32 dQ ring within an H100's 227 KB per block
-    tiles = (2 * 2 * 128 * 64 + 2 * stages * 64 * 64 + 128 * 64) * 2 + dq_stages * 64 * 64 * 4
+    # two K/V buffers (128 x 64 each), a Q / dO ring, two dS^T tiles and a float32 dQ ring within an H100's 227 KB
+    tiles = (2 * 2 * 128 * 64 + 2 * stages * 64 * 64 + 2 * 128 * 64) * 2 + dq_stages * 64 * 64 * 4
     assert tiles <= r["smem"] <= 232448, r
+    assert r["ops"].get("HGMMA", 0) > 0 and r["ops"].get("UTMALDG", 0) > 0, r["ops"]
 
 
 @needs_cuobjdump
@@ -424,18 +432,19 @@ def test_gpu_gluon_forward_work_split_any_way_same_result(head_dim, causal, pers
 
 @pytest.mark.gpu
 @gluon_gpu
-@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "one_key_block_a_program"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_gpu_gluon_backward_work_split_any_way_same_result(head_dim, causal, persistent, monkeypatch):
-    """The backward's key blocks over 1, 7 or the default number of programs, with the persistent schedule (pairs
-    of causal key blocks, K/V buffers handed on across blocks) and without: dK and dV are bit-identical (each key
-    row gets the same operations in the same order), dQ equal up to its varying summation order, and all three
-    match the @triton.jit backward's. Gradients start as NaN, so a key block no program wrote fails. 5 key blocks
-    (an odd count: the middle causal block is a unit alone), 3 batches."""
+@pytest.mark.parametrize("head_dim, split", [(64, True), (64, False), (128, False)],
+                         ids=["64-split-persistent", "64-one-key-block-a-program", "128-one-key-block-a-program"])
+def test_gpu_gluon_backward_work_split_any_way_same_result(head_dim, split, causal, monkeypatch):
+    """The backward's key blocks over 1, 7 or the default number of programs, in `_bwd_split_kernel`'s persistent
+    schedule (pairs of causal key blocks, K/V and dS^T buffers handed on across blocks, dQ in turns) and in
+    `_bwd_kernel`'s: dK and dV are bit-identical (each key row gets the same operations in the same order), dQ equal
+    up to its varying summation order, and all three match the @triton.jit backward's. Gradients start as NaN, so a
+    key block no program wrote fails. 5 key blocks (an odd count: the middle causal block is a unit alone), 3
+    batches: over 7 programs a program's query-tile count, and so whose turn dQ is, runs on across key blocks."""
     from kernels import flash_gluon as G
 
-    monkeypatch.setattr(G, "BWD_PERSISTENT_HEAD_DIMS", (head_dim,) if persistent else ())
+    monkeypatch.setattr(G, "BWD_SPLIT_HEAD_DIMS", (head_dim,) if split else ())
     b, n, h = 3, 640, 4
     q, k, v = _qkv(b, n, n, h, h, head_dim, torch.bfloat16, "cuda")
     do = torch.randn_like(q)
