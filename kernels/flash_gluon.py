@@ -792,19 +792,18 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
               delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
               seqlen, head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, DQ_COLS: gl.constexpr):
+              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     """`_bwd_split_kernel`'s compute warpgroup W (4 warps): keys start_n + 64 W .. + 63 of each key block. Per query
     tile g (counted over all key blocks): S^T, dP^T, P^T, dV and dK for its keys, as `_bwd_tile`, with its dS^T half
-    stored to the tile's buffer b = g % 2; then, if g % 2 == W, the tile's whole dQ = dS K over both halves, DQ_COLS
-    columns at a time (a whole 64 x 128 dQ beside dK and dV would not fit the registers)."""
+    stored to the tile's buffer b = g % 2; then, if g % 2 == W, the tile's whole dQ = dS K over both halves."""
     SUB_N: gl.constexpr = BLOCK_N // 2
     st_layout: gl.constexpr = _tile_layout(4, SUB_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(4, SUB_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
-    dq_layout: gl.constexpr = _tile_layout(4, BLOCK_M, DQ_COLS)
+    dq_layout: gl.constexpr = _tile_layout(4, BLOCK_M, HEAD_DIM)
     qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     st_init = gl.zeros([SUB_N, BLOCK_M], gl.float32, layout=st_layout)
-    dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     it = 0
     g = 0
     for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
@@ -848,26 +847,20 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
                 mbarrier.arrive(ds_full.index(b))  # count 2: both halves of tile g's dS^T stored
                 dv, dk = warpgroup_mma_wait(0, (dv_tok, dk_tok))
                 mbarrier.arrive(empty.index(slot))  # count 2: Q_i, dO_i, LSE_i, delta_i read by both warpgroups
-                if KV_BUFFERS > 1:
-                    if (i == lo) & (it > 0):
-                        tma.store_wait(0)  # this warpgroup's half of the last key block's dK, dV has left its buffer
-                        mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))  # count 2
-                if g % 2 == W:  # this warpgroup's turn: the tile's whole dQ, two chained wgmma per DQ_COLS columns
+                if (i == lo) & (it > 0):
+                    tma.store_wait(0)  # this warpgroup's half of the last key block's dK, dV has left its buffer
+                    mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))  # count 2
+                if g % 2 == W:  # this warpgroup's turn: the tile's whole dQ, two chained m64n64 wgmma
                     mbarrier.wait(ds_full.index(b), (g // 2) & 1)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)), k_buf.slice(0, SUB_N), dq_init,
+                                           use_acc=False, is_async=True)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * b + 1).permute((1, 0)), k_buf.slice(SUB_N, SUB_N),
+                                           dq_tok, is_async=True)
+                    dq = warpgroup_mma_wait(0, (dq_tok,))
+                    mbarrier.arrive(ds_free.index(b))
                     s = g % DQ_STAGES
-                    for c in gl.static_range(HEAD_DIM // DQ_COLS):
-                        dq_tok = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)),
-                                               k_buf.slice(0, SUB_N).slice(c * DQ_COLS, DQ_COLS, dim=1), dq_init,
-                                               use_acc=False, is_async=True)
-                        dq_tok = warpgroup_mma(ds_smem.index(2 * b + 1).permute((1, 0)),
-                                               k_buf.slice(SUB_N, SUB_N).slice(c * DQ_COLS, DQ_COLS, dim=1), dq_tok,
-                                               is_async=True)
-                        dq = warpgroup_mma_wait(0, (dq_tok,))
-                        if c == HEAD_DIM // DQ_COLS - 1:
-                            mbarrier.arrive(ds_free.index(b))
-                        if c == 0:
-                            mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
-                        dq_smem.index(s).slice(c * DQ_COLS, DQ_COLS, dim=1).store(dq)
+                    mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
+                    dq_smem.index(s).store(dq)
                     fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
                     mbarrier.arrive(dq_full.index(s))
                 g += 1
@@ -878,9 +871,6 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
             fence_async_shared()
             tma.async_copy_shared_to_global(dk_desc, [row0 + start_w, col], k_w)
             tma.async_copy_shared_to_global(dv_desc, [row0 + start_w, col], v_w)
-            if KV_BUFFERS == 1:
-                tma.store_wait(0)
-                mbarrier.arrive(kv_empty.index(0))  # count 2
             it += 1
     tma.store_wait(0)
 
@@ -890,11 +880,10 @@ def _bwd_half0(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_sm
                kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, DQ_COLS: gl.constexpr):
+               PAIRED: gl.constexpr):
     _bwd_half(0, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
               kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
-              qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED,
-              DQ_COLS)
+              qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)
 
 
 @gluon.jit
@@ -902,11 +891,10 @@ def _bwd_half1(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_sm
                kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, DQ_COLS: gl.constexpr):
+               PAIRED: gl.constexpr):
     _bwd_half(1, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
               kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
-              qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED,
-              DQ_COLS)
+              qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)
 
 
 @gluon.jit
@@ -914,11 +902,12 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, DQ_COLS: gl.constexpr = 64):
+                      CONSUMER_REGS: gl.constexpr):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
     (results/attention/gluon_bwd_altdq/protocol_sim.py: 1,800 interleavings, 5 single mutations caught)."""
+    gl.static_assert(KV_BUFFERS > 1, "one K/V buffer would need its release after each key block's dK, dV stores")
     dtype: gl.constexpr = q_desc.dtype
     SUB_N: gl.constexpr = BLOCK_N // 2
     n_n = seqlen // BLOCK_N
@@ -956,11 +945,11 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
         (_bwd_half0, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                       kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                       head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
-                      IS_CAUSAL, PAIRED, DQ_COLS)),
+                      IS_CAUSAL, PAIRED)),
         (_bwd_half1, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                       kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                       head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
-                      IS_CAUSAL, PAIRED, DQ_COLS)),
+                      IS_CAUSAL, PAIRED)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
