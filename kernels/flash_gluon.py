@@ -511,8 +511,11 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
 # 1.24-1.39x at head dim 128, 0.87-0.94x cuDNN's backward. At head dim 64, with host descriptors and direct launches
 # (results/attention/launch_direct/hd64_bwd_h100.txt): 1.05-1.10x from 2K, causal and not, 0.95-0.99x at 1K. The
 # persistent form (below) moved that: 1.03x / 1.03x eager at 1K, 1.00x / 1.02x at GPT-2's 12 heads (causal / not),
-# 0.91-0.98x at 512 (results/attention/gluon_bwd_persistent/min_seqlen_h100.txt), hence from 1K there. The barrier
-# protocol across key blocks is simulated on the CPU (results/attention/gluon_bwd_persistent/protocol_sim.py).
+# 0.91-0.98x at 512 (results/attention/gluon_bwd_persistent/min_seqlen_h100.txt), hence from 1K there. The split
+# kernel moved it again (min_seqlen_split_h100.txt, against the autotuned @triton.jit backward): 1.09-1.13x at 1K,
+# GPT-2's 12 heads included, 1.05x at 512 non-causal, 0.91x / 0.94x (eager / graphed) at 512 causal, hence from 512
+# non-causal there. The barrier protocol across key blocks is simulated on the CPU
+# (results/attention/gluon_bwd_persistent/protocol_sim.py; the split kernel's: gluon_bwd_altdq/protocol_sim.py).
 # ---------------------------------------------------------------------------------------------------
 
 BWD_HEAD_DIMS = (64, 128, 256)
@@ -543,7 +546,7 @@ BWD_SPLIT_KV_BUFFERS = 2
 # 1.27-1.39x from 4K (results/attention/gluon_bwd/ab_h100.txt). At head dim 256 (results/attention/gluon_bwd256/
 # check_h100.txt) forward+backward gains 1.06-1.09x non-causal from 512 and 1.19-1.26x causal from 1K; at 512 causal
 # it lost (0.87x: the Gluon launch's host time shows there), so causal starts at 1K.
-BWD_MIN_SEQLEN = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 1024,
+BWD_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 1024, (128, True): 1024,
                   (256, False): 512, (256, True): 1024}
 
 

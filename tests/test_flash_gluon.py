@@ -177,14 +177,15 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     assert "below 1024 causal" in _bwd_why(q[:, :512], k[:, :512], v[:, :512], causal=True)
     cases = {
         "head dim 96, not one of (64, 128, 256)": _qkv(1, 1024, 1024, 4, 4, 96),
-        "below 1024": _qkv(1, 512, 512, 4, 4, 64),  # head dim 64 gains from 1K
+        "below 1024 causal": (*_qkv(1, 512, 512, 4, 4, 64), True),  # head dim 64: from 512, 1K under a mask
         "grouped-query": _qkv(1, 1024, 1024, 4, 2, 128),
         "not a multiple of 128": _qkv(1, 1000, 1000, 4, 4, 128),
         "seqlen_q != seqlen_k": _qkv(1, 1024, 2048, 4, 4, 128),
         "float32": _qkv(1, 1024, 1024, 4, 4, 128, torch.float32),
     }
+    assert _bwd_why(*_qkv(1, 512, 512, 4, 4, 64)) is None
     for words, args in cases.items():
-        assert words in _bwd_why(*args), words
+        assert words in _bwd_why(*args[:3], causal=len(args) > 3), words
     q, k, v = _qkv(1, 1024, 1024, 4, 4, 128)
     assert "dropout" in _bwd_why(q, k, v, dropout_p=0.1)
     assert "varlen" in _bwd_why(q[0], k[0], v[0], varlen=True, lse=torch.empty(4, 1024))

@@ -3,7 +3,7 @@ kernels.flash._flash_bwd with the Gluon backward forced on at every length again
 two kernels, delta in the dQ kernel), at 512-2K tokens, causal and not, at the table's shape (16K tokens a batch,
 32 heads) and GPT-2 small's (16 x 1K, 12 heads). Each call eager (do_bench: host included) and replayed from a CUDA
 graph (the device alone), three alternating rounds, median. Session 35 ran it at 657af03 with ship.patch applied
-(README.md); since then it times the shipped kernels.
+(README.md); since then it times the shipped kernels (session 37: the split backward, min_seqlen_split_h100.txt).
 
     python results/attention/gluon_bwd_persistent/min_seqlen.py   # GPU (sm_90)
 """
@@ -26,7 +26,8 @@ import kernels.flash_gluon as G  # noqa: E402
 def main():
     G.BWD_MIN_SEQLEN = dict.fromkeys(G.BWD_MIN_SEQLEN, 0)  # the choice is made by `gluon=` below, at every length
     print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}; BWD_PERSISTENT_HEAD_DIMS "
-          f"{getattr(G, 'BWD_PERSISTENT_HEAD_DIMS', None)}", flush=True)
+          f"{getattr(G, 'BWD_PERSISTENT_HEAD_DIMS', None)}; BWD_SPLIT_HEAD_DIMS {getattr(G, 'BWD_SPLIT_HEAD_DIMS', None)}",
+          flush=True)
     shapes = [(32, 512, 32), (16, 1024, 32), (8, 2048, 32), (16, 1024, 12)]  # (batch, tokens, heads), head dim 64
     for b, n, h in shapes:
         for causal in (False, True):

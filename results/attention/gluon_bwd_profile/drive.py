@@ -1,10 +1,10 @@
 """One backward call to profile: the shipped Gluon backward (`ours`) or cuDNN's (`cudnn`, PyTorch SDPA's cuDNN
-backend), head dim 64, 16K tokens a batch (batch 4 x 4K tokens, 32 heads), bf16: three warm-up calls, then one
+backend), head dim 64 (or --head-dim 128), 16K tokens a batch (batch 4 x 4K tokens, 2048 / head dim heads), bf16: three warm-up calls, then one
 between cudaProfilerStart and Stop (and inside the NVTX range "profiled"), the only one the profile scripts' ncu
 profiles (every kernel of it). With --time, instead
 the do_bench time of a call (run it outside the profiler).
 
-    python results/attention/gluon_bwd_profile/drive.py ours|cudnn|pp64 [--causal] [--time]
+    python results/attention/gluon_bwd_profile/drive.py ours|cudnn|pp64 [--causal] [--time] [--head-dim 128]
 """
 import argparse
 import sys
@@ -24,8 +24,10 @@ def main():
     ap.add_argument("provider", choices=["ours", "cudnn", "pp64"])
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--time", action="store_true")
+    ap.add_argument("--head-dim", type=int, default=64)
     args = ap.parse_args()
-    batch, seqlen, nheads, head_dim = 4, 4096, 32, 64
+    batch, seqlen, head_dim = 4, 4096, args.head_dim
+    nheads = 2048 // head_dim
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
                    for _ in range(4))
