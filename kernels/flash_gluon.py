@@ -642,18 +642,26 @@ def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seql
 
 
 @gluon.jit
-def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse, delta, i, start_n, keys, qcols, st_init, dq_init, dv,
-              dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
-    """One query tile i against this program's keys: the five wgmma and the softmax between them. lse, delta:
-    (1, BLOCK_M) in the scores' layout. Returns dV and dK accumulated and this tile's dQ, all waited for. SPLIT (the
+def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, start_n, keys, qcols, st_init, dq_init,
+              dv, dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr = False):
+    """One query tile i against this program's keys: the five wgmma and the softmax between them. lse_s, delta_s:
+    (1, BLOCK_M) shared-memory rows of LSE_i and delta_i, read straight into the scores' layout, at the tile's start,
+    or with STATS_AT_USE (session 37's experiment, results/attention/gluon_bwd_stats_at_use/) each where it is used,
+    which frees their registers over the matmuls. Returns dV and dK accumulated and this tile's dQ, all waited for. SPLIT (the
     tiles split across the warpgroups along their columns, `_tile_layout`): each warpgroup holds half of P^T's and
     dS^T's columns, and every row of dV and dK needs all of them, so both go through shared memory as the wgmma's
     A operand; otherwise each warp's rows of P^T and dS^T are its own rows of dV and dK, so they stay in registers."""
     dtype: gl.constexpr = q_s.dtype
+    st_layout: gl.constexpr = st_init.type.layout
+    if not STATS_AT_USE:
+        lse = lse_s.load(st_layout)
+        delta = delta_s.load(st_layout)
     st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     st = warpgroup_mma_wait(1, (st_tok,))
+    if STATS_AT_USE:
+        lse = lse_s.load(st_layout)
     pt = gl.exp2(st * qk_scale - lse)
     if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
         if i * BLOCK_M < start_n + BLOCK_N:
@@ -662,6 +670,8 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse, delta, i, start_
     if SPLIT:
         pt_smem.store(pt.to(dtype))
         dpt = warpgroup_mma_wait(0, (dpt_tok,))
+        if STATS_AT_USE:
+            delta = delta_s.load(st_layout)
         ds_smem.store((pt * (dpt - delta)).to(dtype))
         fence_async_shared()  # both warpgroups' halves, before the wgmma that read all of them
         dv_tok = warpgroup_mma(pt_smem, do_s, dv, is_async=True)
@@ -669,6 +679,8 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse, delta, i, start_
     else:
         dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
+        if STATS_AT_USE:
+            delta = delta_s.load(st_layout)
         dst = (pt * (dpt - delta)).to(dtype)
         # dS^T's stores go before dK's wgmma is issued, so they are done by the fence that dQ's wgmma waits on:
         # 1.01-1.03x the backward at head dim 64 (results/attention/gluon_bwd_sync/)
@@ -685,7 +697,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                  kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
                  sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                 SPLIT: gl.constexpr):
+                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr):
     # one K/V buffer, key blocks one after another (`_bwd_kernel`)
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
@@ -710,11 +722,10 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
             for i in range(lo, n_end):
                 slot = g % STAGES
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-                lse = lse_smem.index(slot).load(st_layout)  # (1, BLOCK_M), read straight into the scores' layout
-                delta = delta_smem.index(slot).load(st_layout)
-                dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem, lse,
-                                         delta, i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale, op_layout,
-                                         BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT)
+                dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem,
+                                         lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init,
+                                         dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT,
+                                         STATS_AT_USE)
                 mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill it
                 s = g % DQ_STAGES
                 mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
@@ -738,7 +749,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
 def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
                 qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                ds_layout: gl.constexpr):
+                ds_layout: gl.constexpr, STATS_AT_USE: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
     # Each program runs work units pid, pid + programs, ... (`_work_unit` over single key blocks), one K/V buffer
@@ -781,7 +792,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
                         delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                         head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL,
-                        WARPS, SPLIT)),
+                        WARPS, SPLIT, STATS_AT_USE)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
