@@ -5,6 +5,10 @@ profiles (every kernel of it). With --time, instead
 the do_bench time of a call (run it outside the profiler).
 
     python results/attention/gluon_bwd_profile/drive.py ours|cudnn|pp64 [--causal] [--time] [--head-dim 128]
+        [--forward] [--seqlen 2048]
+
+--forward profiles the forward call instead (ours: kernels.flash_gluon.gluon_forward; cudnn: SDPA's forward,
+without autograd).
 """
 import argparse
 import sys
@@ -25,14 +29,28 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--forward", action="store_true")
+    ap.add_argument("--seqlen", type=int, default=4096)
     args = ap.parse_args()
-    batch, seqlen, head_dim = 4, 4096, args.head_dim
+    seqlen, head_dim = args.seqlen, args.head_dim
+    batch = 16384 // seqlen
     nheads = 2048 // head_dim
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
                    for _ in range(4))
     scale = head_dim ** -0.5
-    if args.provider in ("ours", "pp64"):
+    if args.forward and args.provider == "ours":
+        o, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen, device="cuda")
+
+        def step():
+            G.gluon_forward(q, k, v, o, lse, scale * G.LOG2E, args.causal)
+    elif args.forward:
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def step():
+            with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
+    elif args.provider in ("ours", "pp64"):
         o, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen, device="cuda")
         G.gluon_forward(q, k, v, o, lse, scale * G.LOG2E, args.causal)
         delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
@@ -56,7 +74,8 @@ def main():
             torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
     if args.time:
         ms = triton.testing.do_bench(step, rep=100)
-        print(f"{args.provider} causal={args.causal}: backward {ms:.3f} ms (do_bench)", flush=True)
+        print(f"{args.provider} causal={args.causal} head dim {head_dim} {batch} x {seqlen}: "
+              f"{'forward' if args.forward else 'backward'} {ms:.3f} ms (do_bench)", flush=True)
         return
     for _ in range(3):
         step()

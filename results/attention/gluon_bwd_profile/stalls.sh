@@ -2,7 +2,8 @@
 # Second profile (after profile.sh): where the head-dim-64 backward's warps stall, instruction by instruction, ours
 # against cuDNN's, non-causal, one H100 (one call, ~3 minutes), repo root:
 #   bash results/attention/gluon_bwd_profile/stalls.sh      (PROVIDERS="pp64" for ../gluon_bwd_pp64's kernel;
-#   HEAD_DIM=128 for head dim 128, its files named *_hd128)
+#   HEAD_DIM=128 for head dim 128, its files named *_hd128; ARGS="--forward --causal --seqlen 2048" TAG=_fwd_c2k
+#   for drive.py's other calls, their files named *$TAG)
 # profile.sh's run showed neither the tensor pipe (42%) nor L1/shared memory (64%) saturated; this one reads the
 # stall reasons (warp state, PC sampling) and the scheduler statistics, per kernel and per SASS instruction.
 # Only the kernels between drive.py's cudaProfilerStart and Stop are profiled (--profile-from-start off).
@@ -15,11 +16,12 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
   --section WarpStateStats --section SchedulerStats --section SourceCounters --section LaunchStats"
 HD=${HEAD_DIM:-64}
-SUFFIX=$([ "$HD" = 64 ] || echo _hd$HD)
+SUFFIX=$([ "$HD" = 64 ] || echo _hd$HD)${TAG:-}
+ARGS=${ARGS:-}
 for provider in ${PROVIDERS:-ours cudnn}; do
-  python $D/drive.py $provider --time --head-dim $HD | tee -a $OUT/times$SUFFIX.txt
+  python $D/drive.py $provider --time --head-dim $HD $ARGS | tee -a $OUT/times$SUFFIX.txt
   timeout 240 ncu --clock-control none --profile-from-start off --launch-count 20 $SECTIONS \
-    --import-source no -o /tmp/$provider python $D/drive.py $provider --head-dim $HD > /tmp/ncu_$provider.log 2>&1
+    --import-source no -o /tmp/$provider python $D/drive.py $provider --head-dim $HD $ARGS > /tmp/ncu_$provider.log 2>&1
   tail -3 /tmp/ncu_$provider.log
   ncu -i /tmp/$provider.ncu-rep --page details --print-details all > $OUT/stalls_$provider$SUFFIX.txt 2>&1
   # per-instruction SASS with the sampled stall reasons of the largest kernel only (ours: _bwd_kernel)
