@@ -1,4 +1,5 @@
-"""The altdq backward's barrier protocol (altdq_bwd.py: the shipped `_bwd_loader`, two `_altdq_compute` warpgroups
+"""The altdq backward's barrier protocol (altdq_bwd.py at b1ff20f, shipped as kernels/flash_gluon.py
+`_bwd_split_kernel`: the shipped `_bwd_loader`, two `_altdq_compute` warpgroups
 and the shipped `_bwd_dq_writer`), simulated on the CPU with ../gluon_bwd_pp64/protocol_sim.py's simulator (K/V
 buffers in halves, each warpgroup's TMA stores; on the shipped backward's simulators). The generators mirror the
 partitions' waits and arrives line for line, over the key blocks of one persistent program.
