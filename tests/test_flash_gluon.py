@@ -549,12 +549,12 @@ DQ_RERUN = 2 ** -7
 @gluon_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_gpu_gluon_backward_vs_triton_reruns_packed_and_deterministic(head_dim, causal, dtype, any_length,
                                                                      bwd_head_dim_256):
     """Against the @triton.jit backward on the same O and LSE; reruns: dK, dV bit-identical (one program owns each
-    key tile), dQ equal up to its varying summation order; written into a packed dqkv's views; deterministic mode
-    runs the @triton.jit kernels."""
+    key tile), dQ equal up to its varying summation order; written into a packed dqkv's views (at head dim 64 the
+    split kernel writes dK and dV by 64-key halves); deterministic mode runs the @triton.jit kernels."""
     b, n, h = 2, 1024, 8
     q, k, v = _qkv(b, n, n, h, h, head_dim, dtype, "cuda")
     do = torch.randn_like(q)
