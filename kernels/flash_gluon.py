@@ -535,8 +535,9 @@ BWD_WARPS = 8  # `_bwd_kernel`'s compute partition; the loader and the dQ writer
 # head dim 128 the second buffer does not fit beside the rings (280 KB), and the persistent grid with one was
 # 0.97-1.07x, so head dims 128 and 256 run `_bwd_kernel`, one key block a program. Head dim 64 runs
 # `_bwd_split_kernel`, persistent with two K/V buffers: 1.01-1.08x `_bwd_kernel` (persistent, two buffers) at 1K-16K,
-# causal and not, on one H100 (results/attention/gluon_bwd_altdq/bench_h100.txt). At head dim 128 its 64 x 128 dQ
-# accumulator (64 more registers a thread) does not fit beside dK and dV.
+# causal and not, on one H100 (results/attention/gluon_bwd_altdq/bench_h100.txt); 182 KB with its two K/V and two
+# dS^T buffers. At head dim 128 its 64 x 128 dQ (64 more registers a thread beside dK and dV) made it spill 200-424
+# bytes, and it ran 0.56-0.97x `_bwd_kernel` (results/attention/gluon_bwd_split128/).
 BWD_SPLIT_HEAD_DIMS = (64,)
 BWD_SPLIT_KV_BUFFERS = 2
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
