@@ -326,11 +326,12 @@ def compile_report():
               f"{r['ops'].get('BAR', 0)} BAR (static)", flush=True)
 
 
-def _inputs(batch, seqlen, nheads, causal, seed=0):
+def _inputs(batch, seqlen, nheads, causal, seed=0, head_dim=HEAD_DIM):
+    """q, k, v, dO (bf16), the Gluon forward's LSE, delta and the softmax scale (also ../gluon_bwd_stats_at_use/)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v, do = (torch.randn(batch, seqlen, nheads, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v, do = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
                    for _ in range(4))
-    scale = HEAD_DIM ** -0.5
+    scale = head_dim ** -0.5
     o, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen, device="cuda")
     G.gluon_forward(q, k, v, o, lse, scale * G.LOG2E, causal)
     delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()

@@ -19,6 +19,9 @@ import torch  # noqa: E402
 
 import kernels.flash_gluon as G  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
+from pp64_bwd import _inputs, _reference  # noqa: E402  (inputs and the float64 reference are pp64's)
+
 
 def stats_at_use_backward(*args, **kw) -> None:
     """G.gluon_backward (same arguments) with `_bwd_kernel` launched with STATS_AT_USE=True."""
@@ -54,17 +57,6 @@ def compile_report():
               f"{r['ops'].get('STL', 0)} (static)", flush=True)
 
 
-def _inputs(batch, seqlen, nheads, head_dim, causal, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v, do = (torch.randn(batch, seqlen, nheads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-                   for _ in range(4))
-    scale = head_dim ** -0.5
-    o, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen, device="cuda")
-    G.gluon_forward(q, k, v, o, lse, scale * G.LOG2E, causal)
-    delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
-    return q, k, v, do, lse, delta, scale
-
-
 def _run(fn, args, causal, **kw):
     q, k, v, do, lse, delta, scale = args
     grads = [torch.full_like(q, float("nan")) for _ in range(3)]
@@ -72,23 +64,12 @@ def _run(fn, args, causal, **kw):
     return grads
 
 
-def _reference(args, causal):
-    q, k, v, do, _, _, scale = args
-    q64, k64, v64 = (x.double().transpose(1, 2).requires_grad_() for x in (q, k, v))
-    s = q64 @ k64.transpose(-1, -2) * scale
-    if causal:
-        n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    out = torch.softmax(s, -1) @ v64
-    return [g.transpose(1, 2) for g in torch.autograd.grad(out, (q64, k64, v64), do.double().transpose(1, 2))]
-
-
 def check():
     """Head dims 128 and 256, 512 and 1K tokens, both masks, the default grid and 7 programs: errors against float64
     within 2x the shipped form's, and dK, dV bit-identical to its (the same operations in the same order)."""
     bad = 0
     for head_dim, seqlen, causal, programs in itertools.product((128, 256), (512, 1024), (False, True), (None, 7)):
-        args = _inputs(2, seqlen, 4, head_dim, causal)
+        args = _inputs(2, seqlen, 4, causal, head_dim=head_dim)
         ref = _reference(args, causal)
         shipped = _run(G.gluon_backward, args, causal, programs=programs)
         grads = _run(stats_at_use_backward, args, causal, programs=programs)
@@ -111,7 +92,7 @@ def bench(head_dims, seqlens, rounds):
 
     print(f"backward ms, median of {rounds} alternating rounds of do_bench; 16K tokens, heads x head dim 2048, bf16")
     for head_dim, seqlen, causal in itertools.product(head_dims, seqlens, (False, True)):
-        args = _inputs(16384 // seqlen, seqlen, 2048 // head_dim, head_dim, causal)
+        args = _inputs(16384 // seqlen, seqlen, 2048 // head_dim, causal, head_dim=head_dim)
         q, k, v, do, *_ = args
         qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
