@@ -540,6 +540,11 @@ BWD_WARPS = 8  # `_bwd_kernel`'s compute partition; the loader and the dQ writer
 # bytes, and it ran 0.56-0.97x `_bwd_kernel` (results/attention/gluon_bwd_split128/).
 BWD_SPLIT_HEAD_DIMS = (64,)
 BWD_SPLIT_KV_BUFFERS = 2
+# `_bwd_kernel` reads LSE_i and delta_i where each is used (`_bwd_tile`'s STATS_AT_USE) at these head dims: at 128
+# its spill drops from 56 bytes to 16 (32 causal), and the backward ran 1.01-1.05x the at-the-tile's-start form at
+# 1K-16K, causal and not; at 256 (no spill to save) 0.98-0.99x, so it reads them at the start there (one H100,
+# results/attention/gluon_bwd_stats_at_use/bench_h100.txt).
+BWD_STATS_AT_USE_HEAD_DIMS = (128,)
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
 # @triton.jit kernels at 1K
@@ -648,8 +653,8 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
               IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr = False):
     """One query tile i against this program's keys: the five wgmma and the softmax between them. lse_s, delta_s:
     (1, BLOCK_M) shared-memory rows of LSE_i and delta_i, read straight into the scores' layout, at the tile's start,
-    or with STATS_AT_USE (session 37's experiment, results/attention/gluon_bwd_stats_at_use/) each where it is used,
-    which frees their registers over the matmuls. Returns dV and dK accumulated and this tile's dQ, all waited for. SPLIT (the
+    or with STATS_AT_USE (BWD_STATS_AT_USE_HEAD_DIMS) each where it is used, which frees their registers over the
+    S^T and dP^T matmuls. Returns dV and dK accumulated and this tile's dQ, all waited for. SPLIT (the
     tiles split across the warpgroups along their columns, `_tile_layout`): each warpgroup holds half of P^T's and
     dS^T's columns, and every row of dV and dK needs all of them, so both go through shared memory as the wgmma's
     A operand; otherwise each warp's rows of P^T and dS^T are its own rows of dV and dK, so they stay in registers."""
@@ -1026,5 +1031,6 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
         launch(_bwd_split_kernel, grid, args, dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal,
                                                    CONSUMER_REGS=CONSUMER_REGS, num_warps=4))
     else:
-        launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS))
+        launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
+                                             num_warps=BWD_WARPS))
     torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

@@ -20,7 +20,7 @@ SUFFIX=$([ "$HD" = 64 ] || echo _hd$HD)${TAG:-}
 ARGS=${ARGS:-}
 for provider in ${PROVIDERS:-ours cudnn}; do
   python $D/drive.py $provider --time --head-dim $HD $ARGS | tee -a $OUT/times$SUFFIX.txt
-  timeout 240 ncu --clock-control none --profile-from-start off --launch-count 20 $SECTIONS \
+  timeout 240 ncu -f --clock-control none --profile-from-start off --launch-count 20 $SECTIONS \
     --import-source no -o /tmp/$provider python $D/drive.py $provider --head-dim $HD $ARGS > /tmp/ncu_$provider.log 2>&1
   tail -3 /tmp/ncu_$provider.log
   ncu -i /tmp/$provider.ncu-rep --page details --print-details all > $OUT/stalls_$provider$SUFFIX.txt 2>&1

@@ -23,18 +23,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
 from pp64_bwd import _inputs, _reference  # noqa: E402  (inputs and the float64 reference are pp64's)
 
 
-def stats_at_use_backward(*args, **kw) -> None:
-    """G.gluon_backward (same arguments) with `_bwd_kernel` launched with STATS_AT_USE=True."""
-    real = G.launch
+def _backward_with(at_use: bool):
+    """G.gluon_backward (same arguments) with `_bwd_kernel` launched with STATS_AT_USE=at_use, whatever the shipped
+    choice (G.BWD_STATS_AT_USE_HEAD_DIMS, which since this experiment has head dim 128)."""
+    def backward(*args, **kw) -> None:
+        real = G.launch
 
-    def launch(kernel, grid, launch_args, consts):
-        real(kernel, grid, launch_args, dict(consts, STATS_AT_USE=True) if kernel is G._bwd_kernel else consts)
+        def launch(kernel, grid, launch_args, consts):
+            real(kernel, grid, launch_args, dict(consts, STATS_AT_USE=at_use) if kernel is G._bwd_kernel else consts)
 
-    G.launch = launch
-    try:
-        G.gluon_backward(*args, **kw)
-    finally:
-        G.launch = real
+        G.launch = launch
+        try:
+            G.gluon_backward(*args, **kw)
+        finally:
+            G.launch = real
+    return backward
+
+
+shipped_backward = _backward_with(False)  # "shipped": the form shipped when this experiment ran
+stats_at_use_backward = _backward_with(True)
 
 
 def compile_report():
@@ -71,7 +78,7 @@ def check():
     for head_dim, seqlen, causal, programs in itertools.product((128, 256), (512, 1024), (False, True), (None, 7)):
         args = _inputs(2, seqlen, 4, causal, head_dim=head_dim)
         ref = _reference(args, causal)
-        shipped = _run(G.gluon_backward, args, causal, programs=programs)
+        shipped = _run(shipped_backward, args, causal, programs=programs)
         grads = _run(stats_at_use_backward, args, causal, programs=programs)
         err = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref)]
         base = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(shipped, ref)]
@@ -98,7 +105,7 @@ def bench(head_dims, seqlens, rounds):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         dot = do.transpose(1, 2)
-        fns = {"shipped": lambda: _run(G.gluon_backward, args, causal),
+        fns = {"shipped": lambda: _run(shipped_backward, args, causal),
                "at_use": lambda: _run(stats_at_use_backward, args, causal),
                "cudnn": lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)}
         times = {n: [] for n in fns}
