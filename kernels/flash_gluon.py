@@ -114,29 +114,38 @@ def _lhs_layout(warps, n):
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_layout: gl.constexpr):
-    """Online softmax of one float32 score tile: (P unnormalised, new row max, new row sum, alpha), base 2."""
+def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_layout: gl.constexpr, my_turn=None,
+                  other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False):
+    """Online softmax of one float32 score tile: (P unnormalised, new row max, new row sum, alpha), base 2. With
+    EXP_TURNS the exponentials run in this consumer's turn (my_turn's phase `phase`), which it then passes on."""
     if MASK:  # the tile crosses the diagonal: key j is visible to query i iff j <= i
         cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
         s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    if EXP_TURNS:
+        mbarrier.wait(my_turn, phase)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s * qk_scale - m_new[:, None])
+    if EXP_TURNS:
+        mbarrier.arrive(other_turn)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
 
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, crosses_diagonal, IS_CAUSAL: gl.constexpr,
-                  s_layout: gl.constexpr):
+                  s_layout: gl.constexpr, my_turn=None, other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False):
     """_softmax_step with the causal mask only on tiles that cross the diagonal (a runtime test)."""
     if IS_CAUSAL:
         if crosses_diagonal:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, True, s_layout)
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, True, s_layout, my_turn,
+                                               other_turn, phase, EXP_TURNS)
         else:
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout)
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout, my_turn,
+                                               other_turn, phase, EXP_TURNS)
     else:
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout, my_turn, other_turn,
+                                           phase, EXP_TURNS)
     return p, m_i, l_i, alpha
 
 
@@ -249,10 +258,14 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
 def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
               turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
+              DEFER_O_WAIT: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
-    Q buffers are counted across items, so the next item's first S follows this one's epilogue at once."""
+    Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
+    EXP_TURNS: the turns order the softmax's exponentials instead of the wgmma issues, so that the two consumers'
+    exponentials never share the SM's exp units (cuDNN's order, read from its SASS). DEFER_O_WAIT (Q_BUFFERS = 2):
+    the wait for O's store to leave the Q buffer moves from the item's end to after the next item's first S."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
@@ -280,12 +293,21 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             # round 0: S(0) alone
             slot = g % STAGES
             mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
-            mbarrier.wait(my_turn, tc & 1)
-            tc += 1
+            if not EXP_TURNS:
+                mbarrier.wait(my_turn, tc & 1)
+                tc += 1
             s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-            mbarrier.arrive(other_turn)
+            if not EXP_TURNS:
+                mbarrier.arrive(other_turn)
+            if DEFER_O_WAIT:
+                if it > 0:  # the last item's O has left its Q buffer: the loader may refill it
+                    tma.store_wait(0)
+                    mbarrier.arrive(q_empty.index(2 * ((it - 1) % Q_BUFFERS) + W))
             s = warpgroup_mma_wait(0, (s_tok,))
-            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout)
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout,
+                                               my_turn, other_turn, tc & 1, EXP_TURNS)
+            if EXP_TURNS:
+                tc += 1
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
             # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
@@ -296,14 +318,18 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                 mbarrier.wait(k_ready.index(slot), (gj // STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((gj - 1) // STAGES) & 1)
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                mbarrier.wait(my_turn, tc & 1)
-                tc += 1
+                if not EXP_TURNS:
+                    mbarrier.wait(my_turn, tc & 1)
+                    tc += 1
                 s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
                 acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                mbarrier.arrive(other_turn)
+                if not EXP_TURNS:
+                    mbarrier.arrive(other_turn)
                 s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
                 p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full, IS_CAUSAL,
-                                                   s_layout)
+                                                   s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
+                if EXP_TURNS:
+                    tc += 1
                 acc = warpgroup_mma_wait(0, (acc_tok,))
                 mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -313,10 +339,12 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             last = glast % STAGES
             mbarrier.wait(v_ready.index(last), (glast // STAGES) & 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            mbarrier.wait(my_turn, tc & 1)
-            tc += 1
+            if not EXP_TURNS:
+                mbarrier.wait(my_turn, tc & 1)
+                tc += 1
             acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-            mbarrier.arrive(other_turn)
+            if not EXP_TURNS:
+                mbarrier.arrive(other_turn)
             acc = warpgroup_mma_wait(0, (acc_tok,))
             mbarrier.arrive(kv_empty.index(last))
 
@@ -325,10 +353,13 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [q_row0 + W * SUB_M, q_col], my_q)
             gl.store(LSE + bh.to(gl.int64) * seqlen + rows, m_i + gl.log2(l_i))
-            tma.store_wait(0)  # O has left the buffer: the loader may put item it + Q_BUFFERS's Q there
-            mbarrier.arrive(q_empty.index(qi))
+            if not DEFER_O_WAIT:
+                tma.store_wait(0)  # O has left the buffer: the loader may put item it + Q_BUFFERS's Q there
+                mbarrier.arrive(q_empty.index(qi))
             g += n_tiles
             it += 1
+    if DEFER_O_WAIT:
+        tma.store_wait(0)  # the last O store has read its buffer before the program exits
 
 
 # warp_specialize takes one function per partition; the consumer's index must be a constexpr
@@ -336,26 +367,27 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 def _consumer0(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
                nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr):
+               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, DEFER_O_WAIT: gl.constexpr):
     _consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
               nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED)
+              PAIRED, EXP_TURNS, DEFER_O_WAIT)
 
 
 @gluon.jit
 def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
                nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr):
+               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, DEFER_O_WAIT: gl.constexpr):
     _consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
               nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED)
+              PAIRED, EXP_TURNS, DEFER_O_WAIT)
 
 
 @gluon.jit
 def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                EXP_TURNS: gl.constexpr = False, DEFER_O_WAIT: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
@@ -380,6 +412,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
+    gl.static_assert(not DEFER_O_WAIT or Q_BUFFERS == 2, "DEFER_O_WAIT needs a second Q buffer")
     mbarrier.arrive(turns.index(0))  # consumer 0 issues first
     fence_async_shared()
     # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
@@ -387,10 +420,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     gl.warp_specialize([
         (_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
                       n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, DEFER_O_WAIT)),
         (_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
                       n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, DEFER_O_WAIT)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
                    PAIRED))],
