@@ -70,6 +70,11 @@ FWD_TILES = {64: (128, 128, 3, 2), 128: (128, 128, 3, 1), 256: (128, 64, 2, 1)}
 # So it runs up to 8K tokens causal, at every length non-causal, and not at head dim 256.
 PERSISTENT_CAUSAL_UP_TO = 8192
 PERSISTENT_HEAD_DIMS = (64, 128)
+# (head dim, causal) where the consumers' turns order their exponentials rather than their wgmma issues (`_consumer`'s
+# EXP_TURNS). The forward alone on one H100, 5 alternating rounds (results/attention/gluon_fwd_turns/bench_h100.txt):
+# head dim 64 non-causal 1.03-1.08x at 1K-16K, at or above cuDNN's forward there; causal 0.95-0.97x; head dim 128
+# 0.99-1.04x non-causal, 0.96-0.98x causal up to 8K. So only head dim 64 non-causal.
+FWD_EXP_TURNS = {(64, False)}
 
 
 def fwd_persistent(head_dim: int, seqlen: int, causal: bool) -> bool:
@@ -258,14 +263,12 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
 def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
               turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
-              DEFER_O_WAIT: gl.constexpr = False):
+              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
-    EXP_TURNS: the turns order the softmax's exponentials instead of the wgmma issues, so that the two consumers'
-    exponentials never share the SM's exp units (cuDNN's order, read from its SASS). DEFER_O_WAIT (Q_BUFFERS = 2):
-    the wait for O's store to leave the Q buffer moves from the item's end to after the next item's first S."""
+    EXP_TURNS (FWD_EXP_TURNS): the turns order the softmax's exponentials instead of the wgmma issues, so that the
+    two consumers' exponentials never share the SM's exp units (cuDNN's order, read from its SASS)."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
@@ -299,10 +302,6 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
             if not EXP_TURNS:
                 mbarrier.arrive(other_turn)
-            if DEFER_O_WAIT:
-                if it > 0:  # the last item's O has left its Q buffer: the loader may refill it
-                    tma.store_wait(0)
-                    mbarrier.arrive(q_empty.index(2 * ((it - 1) % Q_BUFFERS) + W))
             s = warpgroup_mma_wait(0, (s_tok,))
             p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout,
                                                my_turn, other_turn, tc & 1, EXP_TURNS)
@@ -353,13 +352,10 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [q_row0 + W * SUB_M, q_col], my_q)
             gl.store(LSE + bh.to(gl.int64) * seqlen + rows, m_i + gl.log2(l_i))
-            if not DEFER_O_WAIT:
-                tma.store_wait(0)  # O has left the buffer: the loader may put item it + Q_BUFFERS's Q there
-                mbarrier.arrive(q_empty.index(qi))
+            tma.store_wait(0)  # O has left the buffer: the loader may put item it + Q_BUFFERS's Q there
+            mbarrier.arrive(q_empty.index(qi))
             g += n_tiles
             it += 1
-    if DEFER_O_WAIT:
-        tma.store_wait(0)  # the last O store has read its buffer before the program exits
 
 
 # warp_specialize takes one function per partition; the consumer's index must be a constexpr
@@ -367,27 +363,27 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 def _consumer0(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
                nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, DEFER_O_WAIT: gl.constexpr):
+               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr):
     _consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
               nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED, EXP_TURNS, DEFER_O_WAIT)
+              PAIRED, EXP_TURNS)
 
 
 @gluon.jit
 def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
                nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, DEFER_O_WAIT: gl.constexpr):
+               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr):
     _consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
               nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED, EXP_TURNS, DEFER_O_WAIT)
+              PAIRED, EXP_TURNS)
 
 
 @gluon.jit
 def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                EXP_TURNS: gl.constexpr = False, DEFER_O_WAIT: gl.constexpr = False):
+                EXP_TURNS: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
@@ -412,7 +408,6 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
-    gl.static_assert(not DEFER_O_WAIT or Q_BUFFERS == 2, "DEFER_O_WAIT needs a second Q buffer")
     mbarrier.arrive(turns.index(0))  # consumer 0 issues first
     fence_async_shared()
     # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
@@ -420,10 +415,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     gl.warp_specialize([
         (_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
                       n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, DEFER_O_WAIT)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS)),
         (_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
                       n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, DEFER_O_WAIT)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
                    PAIRED))],
@@ -516,7 +511,8 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
             head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, batch * nheads, nheads // k.shape[2], qk_scale,
             launch_head_group(seqlen, causal)),
            dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
-                IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS, num_warps=4))
+                IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS,
+                EXP_TURNS=(head_dim, causal) in FWD_EXP_TURNS, num_warps=4))
 
 
 # ---------------------------------------------------------------------------------------------------
