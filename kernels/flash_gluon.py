@@ -139,15 +139,12 @@ def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_la
 
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, crosses_diagonal, IS_CAUSAL: gl.constexpr,
-                  s_layout: gl.constexpr, my_turn=None, other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False,
-                  MASKED_EXP_TURNS: gl.constexpr = None):
-    """_softmax_step with the causal mask only on tiles that cross the diagonal (a runtime test). MASKED_EXP_TURNS:
-    EXP_TURNS for the masked tiles, if not the same."""
+                  s_layout: gl.constexpr, my_turn=None, other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False):
+    """_softmax_step with the causal mask only on tiles that cross the diagonal (a runtime test)."""
     if IS_CAUSAL:
         if crosses_diagonal:
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, True, s_layout, my_turn,
-                                               other_turn, phase,
-                                               EXP_TURNS if MASKED_EXP_TURNS is None else MASKED_EXP_TURNS)
+                                               other_turn, phase, EXP_TURNS)
         else:
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout, my_turn,
                                                other_turn, phase, EXP_TURNS)
@@ -266,8 +263,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
 def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
               turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
-              TURN_SKIP: gl.constexpr = 0):
+              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -307,17 +303,10 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             if not EXP_TURNS:
                 mbarrier.arrive(other_turn)
             s = warpgroup_mma_wait(0, (s_tok,))
-            if EXP_TURNS and TURN_SKIP == 2:  # experiment: round 0's exponentials without a turn
-                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout)
-            elif EXP_TURNS and TURN_SKIP == 1:  # experiment: masked tiles' exponentials without a turn
-                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout,
-                                                   my_turn, other_turn, tc & 1, True, False)
-                tc += (n_full >= 1).to(gl.int32)
-            else:
-                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout,
-                                                   my_turn, other_turn, tc & 1, EXP_TURNS)
-                if EXP_TURNS:
-                    tc += 1
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout,
+                                               my_turn, other_turn, tc & 1, EXP_TURNS)
+            if EXP_TURNS:
+                tc += 1
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
             # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
@@ -336,15 +325,10 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                 if not EXP_TURNS:
                     mbarrier.arrive(other_turn)
                 s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
-                if EXP_TURNS and TURN_SKIP == 1:
-                    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full,
-                                                       IS_CAUSAL, s_layout, my_turn, other_turn, tc & 1, True, False)
-                    tc += (j < n_full).to(gl.int32)
-                else:
-                    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full,
-                                                       IS_CAUSAL, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
-                    if EXP_TURNS:
-                        tc += 1
+                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full, IS_CAUSAL,
+                                                   s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
+                if EXP_TURNS:
+                    tc += 1
                 acc = warpgroup_mma_wait(0, (acc_tok,))
                 mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -379,27 +363,27 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 def _consumer0(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
                nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, TURN_SKIP: gl.constexpr):
+               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr):
     _consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
               nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED, EXP_TURNS, TURN_SKIP)
+              PAIRED, EXP_TURNS)
 
 
 @gluon.jit
 def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
                nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, TURN_SKIP: gl.constexpr):
+               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr):
     _consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
               nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED, EXP_TURNS, TURN_SKIP)
+              PAIRED, EXP_TURNS)
 
 
 @gluon.jit
 def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                EXP_TURNS: gl.constexpr = False, TURN_SKIP: gl.constexpr = 0):
+                EXP_TURNS: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
@@ -431,10 +415,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     gl.warp_specialize([
         (_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
                       n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, TURN_SKIP)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS)),
         (_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
                       n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, TURN_SKIP)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
                    PAIRED))],

@@ -23,10 +23,10 @@ import kernels.flash_gluon as G  # noqa: E402
 
 def forms(head_dim: int) -> dict:
     """name -> the constexprs it sets ("shipped": the form shipped before this experiment). DEFER_O_WAIT's forms
-    ("defer", "turns_defer", head dim 64 only) were measured with the kernel of ea13121 and then removed."""
-    return {"shipped": dict(EXP_TURNS=False), "turns": dict(EXP_TURNS=True),
-            # the second run (causal): turns on the unmasked tiles only / on every round but an item's first
-            "skip_masked": dict(EXP_TURNS=True, TURN_SKIP=1), "skip_first": dict(EXP_TURNS=True, TURN_SKIP=2)}
+    ("defer", "turns_defer", head dim 64 only) were measured with the kernel of ea13121, and TURN_SKIP's
+    ("skip_masked" = TURN_SKIP 1, "skip_first" = 2, both with EXP_TURNS; device_causal.sh) with 06629ba's; both
+    were removed after their runs."""
+    return {"shipped": dict(EXP_TURNS=False), "turns": dict(EXP_TURNS=True)}
 
 
 def forward_with(flags: dict):
