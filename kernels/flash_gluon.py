@@ -226,7 +226,8 @@ def _fwd_item(bh, pid_m, nheads, group, seqlen, BLOCK_M: gl.constexpr, BLOCK_N: 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m, n_bh,
             nheads, group, seqlen, head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-            STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+            STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+            KEYS_DOWN: gl.constexpr = False):
     """Per item: Q's two halves into Q buffer it % Q_BUFFERS once its last item's O has left it, then the item's
     K and V tiles into the ring, which runs on from item to item."""
     SUB_M: gl.constexpr = BLOCK_M // 2
@@ -248,12 +249,13 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
                                                 q_smem.index(2 * qb + w))
             for j in range(n_tiles):
                 slot = g % STAGES
+                kt = n_tiles - 1 - j if KEYS_DOWN else j  # the key tile this round reads
                 mbarrier.wait(kv_empty.index(slot), ((g // STAGES) & 1) ^ 1)
                 mbarrier.expect(k_ready.index(slot), KV_BYTES)
-                tma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, kv_col], k_ready.index(slot),
+                tma.async_copy_global_to_shared(k_desc, [kv_row0 + kt * BLOCK_N, kv_col], k_ready.index(slot),
                                                 k_smem.index(slot))
                 mbarrier.expect(v_ready.index(slot), KV_BYTES)
-                tma.async_copy_global_to_shared(v_desc, [kv_row0 + j * BLOCK_N, kv_col], v_ready.index(slot),
+                tma.async_copy_global_to_shared(v_desc, [kv_row0 + kt * BLOCK_N, kv_col], v_ready.index(slot),
                                                 v_smem.index(slot))
                 g += 1
             it += 1
@@ -263,12 +265,15 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
 def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
               turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False):
+              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
+              KEYS_DOWN: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
     EXP_TURNS (FWD_EXP_TURNS): the turns order the softmax's exponentials instead of the wgmma issues, so that the
-    two consumers' exponentials never share the SM's exp units (cuDNN's order, read from its SASS)."""
+    two consumers' exponentials never share the SM's exp units (cuDNN's order, read from its SASS). KEYS_DOWN
+    (session 38's experiment, results/attention/gluon_fwd_turns/, not run): the key tiles in descending order, so
+    that a causal item's masked tile comes first (FlashAttention-3's order) and its turns end on unmasked tiles."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
@@ -303,8 +308,9 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             if not EXP_TURNS:
                 mbarrier.arrive(other_turn)
             s = warpgroup_mma_wait(0, (s_tok,))
-            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full < 1, IS_CAUSAL, s_layout,
-                                               my_turn, other_turn, tc & 1, EXP_TURNS)
+            kt0 = n_tiles - 1 if KEYS_DOWN else 0
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
+                                               s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
             if EXP_TURNS:
                 tc += 1
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -325,8 +331,9 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                 if not EXP_TURNS:
                     mbarrier.arrive(other_turn)
                 s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
-                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, j >= n_full, IS_CAUSAL,
-                                                   s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
+                kt = n_tiles - 1 - j if KEYS_DOWN else j
+                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
+                                                   IS_CAUSAL, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
                 if EXP_TURNS:
                     tc += 1
                 acc = warpgroup_mma_wait(0, (acc_tok,))
@@ -363,27 +370,27 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 def _consumer0(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
                nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr):
+               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, KEYS_DOWN: gl.constexpr):
     _consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
               nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED, EXP_TURNS)
+              PAIRED, EXP_TURNS, KEYS_DOWN)
 
 
 @gluon.jit
 def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
                nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr):
+               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, KEYS_DOWN: gl.constexpr):
     _consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
               nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED, EXP_TURNS)
+              PAIRED, EXP_TURNS, KEYS_DOWN)
 
 
 @gluon.jit
 def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                EXP_TURNS: gl.constexpr = False):
+                EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
@@ -408,6 +415,9 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
+    # descending, a tile narrower than the query tile could be all masked for a consumer's rows on its first round:
+    # a row max of -inf, and NaN after it
+    gl.static_assert(not KEYS_DOWN or BLOCK_N == BLOCK_M, "KEYS_DOWN needs BLOCK_N == BLOCK_M")
     mbarrier.arrive(turns.index(0))  # consumer 0 issues first
     fence_async_shared()
     # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
@@ -415,13 +425,13 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     gl.warp_specialize([
         (_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
                       n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
         (_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
                       n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-                   PAIRED))],
+                   PAIRED, KEYS_DOWN))],
         [4, 1], [CONSUMER_REGS, 24])
 
 

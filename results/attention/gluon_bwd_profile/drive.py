@@ -5,10 +5,11 @@ profiles (every kernel of it). With --time, instead
 the do_bench time of a call (run it outside the profiler).
 
     python results/attention/gluon_bwd_profile/drive.py ours|cudnn|pp64 [--causal] [--time] [--head-dim 128]
-        [--forward] [--seqlen 2048]
+        [--forward] [--seqlen 2048] [--fwd-flags EXP_TURNS=1 KEYS_DOWN=1]
 
 --forward profiles the forward call instead (ours: kernels.flash_gluon.gluon_forward; cudnn: SDPA's forward,
-without autograd).
+without autograd); --fwd-flags launches ours with these `_fwd_kernel` constexprs (../gluon_fwd_turns/ab.py's
+forward_with), e.g. to profile one of that experiment's forms.
 """
 import argparse
 import sys
@@ -31,6 +32,7 @@ def main():
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--forward", action="store_true")
     ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--fwd-flags", nargs="*", default=[], metavar="NAME=INT")
     args = ap.parse_args()
     seqlen, head_dim = args.seqlen, args.head_dim
     batch = 16384 // seqlen
@@ -42,8 +44,14 @@ def main():
     if args.forward and args.provider == "ours":
         o, lse = torch.empty_like(q), torch.empty(batch, nheads, seqlen, device="cuda")
 
+        forward = G.gluon_forward
+        if args.fwd_flags:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_fwd_turns"))
+            from ab import forward_with
+            forward = forward_with({n: bool(int(v)) for n, v in (f.split("=") for f in args.fwd_flags)})
+
         def step():
-            G.gluon_forward(q, k, v, o, lse, scale * G.LOG2E, args.causal)
+            forward(q, k, v, o, lse, scale * G.LOG2E, args.causal)
     elif args.forward:
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 

@@ -26,7 +26,9 @@ def forms(head_dim: int) -> dict:
     ("defer", "turns_defer", head dim 64 only) were measured with the kernel of ea13121, and TURN_SKIP's
     ("skip_masked" = TURN_SKIP 1, "skip_first" = 2, both with EXP_TURNS; device_causal.sh) with 06629ba's; both
     were removed after their runs."""
-    return {"shipped": dict(EXP_TURNS=False), "turns": dict(EXP_TURNS=True)}
+    return {"shipped": dict(EXP_TURNS=False), "turns": dict(EXP_TURNS=True),
+            # the third step (prepared in session 38): the key tiles in descending order, with and without turns
+            "keys_down": dict(EXP_TURNS=False, KEYS_DOWN=True), "keys_down_turns": dict(EXP_TURNS=True, KEYS_DOWN=True)}
 
 
 def forward_with(flags: dict):
@@ -96,7 +98,7 @@ def _reference(q, k, v, causal):
 def check(head_dims=(64, 128)):
     """Head dims 64 and 128, 1K and 2K tokens, both masks, the default grid and 7 programs (each then runs many
     items, so the deferred wait crosses items): O within 2x the shipped form's error against float64, and O and LSE
-    bit-identical to the shipped form's (the same arithmetic in the same order)."""
+    bit-identical to the shipped form's (the same arithmetic in the same order) except with KEYS_DOWN."""
     bad = 0
     for head_dim, seqlen, causal, programs in itertools.product(head_dims, (1024, 2048), (False, True), (None, 7)):
         q, k, v = _inputs(2, seqlen, 4, head_dim)
@@ -112,7 +114,8 @@ def check(head_dims=(64, 128)):
             err = ((o.double() - ref_o).abs().max() / ref_o.abs().max()).item()
             lse_err = (lse.double() - ref_lse).abs().max().item()
             same = torch.equal(o, base_o) and torch.equal(lse, base_lse)
-            ok = err <= 2 * base_err + 1e-3 and err < 2e-2 and lse_err < 1e-2 and same
+            # descending keys sum in another order: not bit-identical, only as close to float64
+            ok = err <= 2 * base_err + 1e-3 and err < 2e-2 and lse_err < 1e-2 and (same or flags.get("KEYS_DOWN"))
             bad += not ok
             line.append(f"{name} err {err:.2e} lse {lse_err:.1e} bit-identical {same} {'ok' if ok else 'BAD'}")
         print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d} programs {programs}: shipped err {base_err:.2e}; "
