@@ -9,7 +9,8 @@ Checked over random interleavings, item lists (equal or varying key tiles), ring
 deadlocks; a consumer reads a Q buffer or K/V slot only while it holds the tile it expects; the loader refills a K/V
 slot only after both consumers released its tile, and a Q buffer only after its consumer stored that item's O; the
 consumers' wgmma rounds alternate strictly, across items too. Each of five single mutations of the protocol is
-caught.
+caught. With EXP_TURNS (session 38, shipped at head dim 64 non-causal) the turns bracket each round's exponentials
+instead of its wgmma issues, one a key tile: the same checks, the exponential phases alternating strictly.
 
     python results/attention/gluon_persistent/protocol_sim.py     # prints the cases run; raises on a violation
 """
@@ -58,41 +59,57 @@ def loader(s, items, stages, q_buffers, bug):
         it += 1
 
 
-def consumer(s, w, items, stages, q_buffers, bug):
+def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False):
     it = g = tc = 0
+
+    def wait_turn():
+        nonlocal tc
+        yield s.turns[w], tc & 1
+        tc += 1
+
+    def pass_turn():
+        s.issue(w, tc)
+        s.turns[1 - w].arrive()
+
     for item, n_tiles in items:
         qi = 2 * (it % q_buffers) + w
         yield s.q_ready[qi], (it & 1) if bug == "q_ready parity per item, not per buffer use" else ((it // q_buffers) & 1)
         s.read(w, ("q", qi), (item, w))
         slot = g % stages
         yield s.k_ready[slot], (g // stages) & 1
-        yield s.turns[w], tc & 1
-        tc += 1
+        if not exp_turns:  # S(0) issued in turn
+            yield from wait_turn()
         s.read(w, ("k", slot), g)
-        s.issue(w, tc)
-        s.turns[1 - w].arrive()
+        if not exp_turns:
+            pass_turn()
+        else:  # S(0)'s exponentials in turn
+            yield from wait_turn()
+            pass_turn()
         for j in range(1, n_tiles):
             gj = g + j
             slot, prev = gj % stages, (gj - 1) % stages
             yield s.k_ready[slot], (gj // stages) & 1
             yield s.v_ready[prev], ((gj - (0 if bug == "v_ready parity of the wrong tile" else 1)) // stages) & 1
-            yield s.turns[w], tc & 1
-            tc += 1
+            if not exp_turns:  # S(j) and P(j-1) V(j-1) issued in turn
+                yield from wait_turn()
             s.read(w, ("k", slot), gj)
             s.read(w, ("v", prev), gj - 1)
-            s.issue(w, tc)
-            s.turns[1 - w].arrive()
+            if not exp_turns:
+                pass_turn()
+            else:  # S(j)'s exponentials in turn
+                yield from wait_turn()
+                pass_turn()
             if bug != "no kv_empty arrive":
                 s.kv_empty[prev].arrive()
             s.released[w].add(gj - 1)
         glast = g + n_tiles - 1
         last = glast % stages
         yield s.v_ready[last], (glast // stages) & 1
-        yield s.turns[w], tc & 1
-        tc += 1
+        if not exp_turns:  # the last P V issued in turn; with exp_turns it has no exponentials, so no turn
+            yield from wait_turn()
         s.read(w, ("v", last), glast)
-        s.issue(w, tc)
-        s.turns[1 - w].arrive()
+        if not exp_turns:
+            pass_turn()
         s.kv_empty[last].arrive()
         s.released[w].add(glast)
         s.q_done.add((item, w))  # O stored through the Q buffer and tma.store_wait: the buffer is free
@@ -102,11 +119,12 @@ def consumer(s, w, items, stages, q_buffers, bug):
         it += 1
 
 
-def simulate(items, stages, q_buffers, rng, bug=None):
+def simulate(items, stages, q_buffers, rng, bug=None, exp_turns=False):
     s = Sim(stages, q_buffers, rng)
     s.run({"loader": loader(s, items, stages, q_buffers, bug),
-           "c0": consumer(s, 0, items, stages, q_buffers, bug), "c1": consumer(s, 1, items, stages, q_buffers, bug)})
-    rounds = sum(n + 1 for _, n in items)
+           "c0": consumer(s, 0, items, stages, q_buffers, bug, exp_turns),
+           "c1": consumer(s, 1, items, stages, q_buffers, bug, exp_turns)})
+    rounds = sum(n + (0 if exp_turns else 1) for _, n in items)
     want = [(w, r) for r in range(1, rounds + 1) for w in (0, 1)]
     assert s.rounds == want, f"rounds out of turn: {s.rounds[:8]} ..."
 
@@ -120,19 +138,21 @@ def main():
         items = [(t, rng.randint(1, 9) if causal else 5) for t in range(n_items)]
         for stages in (2, 3, 4):
             for q_buffers in (1, 2):
-                simulate(items, stages, q_buffers, rng)
-                cases += 1
+                for exp_turns in (False, True):
+                    simulate(items, stages, q_buffers, rng, exp_turns=exp_turns)
+                    cases += 1
     caught = 0
     for bug in BUGS:
         try:
             for seed in range(50):
-                simulate([(t, 1 + (seed + t) % 4) for t in range(5)], 2, 2, random.Random(seed), bug)
+                simulate([(t, 1 + (seed + t) % 4) for t in range(5)], 2, 2, random.Random(seed), bug, seed % 2 == 1)
         except AssertionError:
             caught += 1
         else:
             raise AssertionError(f"mutation not caught: {bug}")
-    print(f"{cases} random interleavings (1-7 items of 1-9 key tiles, ring depths 2-4, 1-2 Q buffers): no deadlock, "
-          f"no stale or overwritten tile, wgmma rounds strictly alternating; {caught} of {len(BUGS)} mutations caught")
+    print(f"{cases} random interleavings (1-7 items of 1-9 key tiles, ring depths 2-4, 1-2 Q buffers, turns around the "
+          f"wgmma issues or the exponentials): no deadlock, no stale or overwritten tile, turns strictly alternating; "
+          f"{caught} of {len(BUGS)} mutations caught")
 
 
 if __name__ == "__main__":
