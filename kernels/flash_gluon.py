@@ -365,27 +365,6 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             it += 1
 
 
-# warp_specialize takes one function per partition; the consumer's index must be a constexpr
-@gluon.jit
-def _consumer0(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
-               nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, KEYS_DOWN: gl.constexpr):
-    _consumer(0, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
-              nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED, EXP_TURNS, KEYS_DOWN)
-
-
-@gluon.jit
-def _consumer1(o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
-               nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr, KEYS_DOWN: gl.constexpr):
-    _consumer(1, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m, n_bh,
-              nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-              PAIRED, EXP_TURNS, KEYS_DOWN)
-
-
 @gluon.jit
 def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -421,13 +400,13 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     mbarrier.arrive(turns.index(0))  # consumer 0 issues first
     fence_async_shared()
     # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
-    # tensors on the way into the partitions
+    # tensors on the way into the partitions. Each consumer's index goes in as a constexpr, one `_consumer` per index
     gl.warp_specialize([
-        (_consumer0, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
-                      n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+        (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
                       Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
-        (_consumer1, (o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, turns, n_m,
-                      n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+        (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
                       Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
@@ -935,28 +914,6 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
 
 
 @gluon.jit
-def _bwd_half0(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
-               kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
-               qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr):
-    _bwd_half(0, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
-              kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
-              qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)
-
-
-@gluon.jit
-def _bwd_half1(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
-               kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
-               qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-               PAIRED: gl.constexpr):
-    _bwd_half(1, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_ready,
-              kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
-              qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)
-
-
-@gluon.jit
 def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
                       qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
@@ -1000,15 +957,16 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
         mbarrier.init(dq_full.index(i), count=1)
         mbarrier.init(dq_empty.index(i), count=1)
     fence_async_shared()
+    # each compute partition's index goes in as a constexpr, one `_bwd_half` per index (see `_fwd_kernel`)
     gl.warp_specialize([
-        (_bwd_half0, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
-                      kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
-                      head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
-                      IS_CAUSAL, PAIRED)),
-        (_bwd_half1, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem, delta_smem,
-                      kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
-                      head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS,
-                      IS_CAUSAL, PAIRED)),
+        (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                      delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                      nheads, seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
+                      KV_BUFFERS, IS_CAUSAL, PAIRED)),
+        (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                      delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                      nheads, seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
+                      KV_BUFFERS, IS_CAUSAL, PAIRED)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
@@ -1070,6 +1028,6 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
         launch(_bwd_split_kernel, grid, args, dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal,
                                                    CONSUMER_REGS=CONSUMER_REGS, num_warps=4))
     else:
-        launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
-                                             num_warps=BWD_WARPS))
+        launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
+                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS))
     torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

@@ -94,7 +94,6 @@ def check():
 def bench(head_dims, seqlens, rounds):
     """The backward alone, shipped form, STATS_AT_USE and cuDNN's, in alternating rounds (the order flips each
     round); 16K tokens a batch, heads x head dim = 2048."""
-    import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     print(f"backward ms, median of {rounds} alternating rounds of do_bench; 16K tokens, heads x head dim 2048, bf16")
@@ -108,14 +107,20 @@ def bench(head_dims, seqlens, rounds):
         fns = {"shipped": lambda: _run(shipped_backward, args, causal),
                "at_use": lambda: _run(stats_at_use_backward, args, causal),
                "cudnn": lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)}
-        times = {n: [] for n in fns}
-        for r in range(rounds):
-            for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                times[n].append(triton.testing.do_bench(fns[n], rep=60))
-        base = statistics.median(times["shipped"])
-        print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: " + " ".join(
-            f"{n} {statistics.median(t):.3f} ({base / statistics.median(t):.3f}x)" for n, t in times.items()),
-            flush=True)
+        print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: {alternating_rounds(fns, rounds)}", flush=True)
+
+
+def alternating_rounds(fns: dict, rounds: int) -> str:
+    """Each of fns (name -> call, one named "shipped") timed by do_bench in turn, `rounds` times, the order flipped
+    each round: "name median-ms (shipped's time / its time)" for each (also ../gluon_fwd_turns/ab.py)."""
+    import triton.testing
+
+    times = {n: [] for n in fns}
+    for r in range(rounds):
+        for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            times[n].append(triton.testing.do_bench(fns[n], rep=60))
+    base = statistics.median(times["shipped"])
+    return " ".join(f"{n} {statistics.median(t):.3f} ({base / statistics.median(t):.3f}x)" for n, t in times.items())
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ measured at ea13121, not kept).
     python results/attention/gluon_fwd_turns/ab.py bench     # GPU: the forward alone, every form and cuDNN's
 """
 import argparse
+import importlib.util
 import itertools
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,6 +19,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import torch  # noqa: E402
 
 import kernels.flash_gluon as G  # noqa: E402
+
+
+def _stats_at_use_ab():
+    """../gluon_bwd_stats_at_use/ab.py, loaded by path: another script of that name (this one) may be `ab` here."""
+    path = Path(__file__).resolve().parents[1] / "gluon_bwd_stats_at_use" / "ab.py"
+    spec = importlib.util.spec_from_file_location("stats_at_use_ab", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+alternating_rounds = _stats_at_use_ab().alternating_rounds  # the timing loop is the backward experiment's
 
 
 def forms(head_dim: int) -> dict:
@@ -126,7 +138,6 @@ def check(head_dims=(64, 128)):
 def bench(head_dims, seqlens, rounds, masks=(False, True)):
     """The forward alone, every form and cuDNN's, in alternating rounds (the order flips each round); 16K tokens a
     batch, heads x head dim = 2048."""
-    import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     print(f"forward ms, median of {rounds} alternating rounds of do_bench; 16K tokens, heads x head dim 2048, bf16")
@@ -144,14 +155,7 @@ def bench(head_dims, seqlens, rounds, masks=(False, True)):
         fns = {name: (lambda f=forward_with(flags): f(q, k, v, o, lse, scale, causal))
                for name, flags in forms(head_dim).items()}
         fns["cudnn"] = cudnn
-        times = {n: [] for n in fns}
-        for r in range(rounds):
-            for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                times[n].append(triton.testing.do_bench(fns[n], rep=60))
-        base = statistics.median(times["shipped"])
-        print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: " + " ".join(
-            f"{n} {statistics.median(t):.3f} ({base / statistics.median(t):.3f}x)" for n, t in times.items()),
-            flush=True)
+        print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: {alternating_rounds(fns, rounds)}", flush=True)
 
 
 if __name__ == "__main__":
@@ -162,4 +166,6 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--causal-only", action="store_true")
     a = ap.parse_args()
-    {"compile": compile_report, "check": lambda: check(a.head_dims), "bench": lambda: bench(a.head_dims, a.seqlens, a.rounds, (True,) if a.causal_only else (False, True))}[a.mode]()
+    masks = (True,) if a.causal_only else (False, True)
+    {"compile": compile_report, "check": lambda: check(a.head_dims),
+     "bench": lambda: bench(a.head_dims, a.seqlens, a.rounds, masks)}[a.mode]()
