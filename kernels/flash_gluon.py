@@ -75,6 +75,11 @@ PERSISTENT_HEAD_DIMS = (64, 128)
 # head dim 64 non-causal 1.03-1.08x at 1K-16K, at or above cuDNN's forward there; causal 0.95-0.97x; head dim 128
 # 0.99-1.04x non-causal, 0.96-0.98x causal up to 8K. So only head dim 64 non-causal.
 FWD_EXP_TURNS = {(64, False)}
+# (head dim, causal) whose key tiles run in descending order (`_consumer`'s KEYS_DOWN), the causal masked tile first
+# (FlashAttention-3's order). Needs BLOCK_N == BLOCK_M. The forward alone on one H100, head dim 64 causal, two runs
+# (results/attention/gluon_fwd_turns/bench_keys_down_h100.txt, bench_keys_down2_h100.txt): 1.07x at 1K, 0.996-1.007x
+# at 2K-16K; head dim 128 causal 0.97-1.00x.
+FWD_KEYS_DOWN = {(64, True)}
 
 
 def fwd_persistent(head_dim: int, seqlen: int, causal: bool) -> bool:
@@ -100,8 +105,10 @@ CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
 # 512 stays with the @triton.jit kernels; head dim 256: 1.43-1.51x at 512. Head dim 64, with the persistent grid
 # (results/attention/gluon_persistent/bench_h100_s34*.txt), against the autotuned @triton.jit forward: 1.17x at 1K
 # non-causal (1.25x at 512, kept out for the host-time reason above); causal 1.00-1.07x at 1K, 1.04-1.07x at 2K
-# (0.76x at 512), so causal starts at 2K.
-MIN_SEQLEN = {(64, False): 1024, (64, True): 2048, (128, False): 1024, (128, True): 1024, (256, False): 512,
+# (0.76x at 512), so causal started at 2K. With FWD_KEYS_DOWN (results/attention/gluon_fwd_turns/min_seqlen_h100.txt)
+# causal at 1K: forward 1.07x (32 heads) and 1.10x (GPT-2's 12), autograd forward+backward 1.016x / 1.021x replayed
+# from CUDA graphs; at 512 forward 0.95x. So causal starts at 1K.
+MIN_SEQLEN = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 1024, (256, False): 512,
               (256, True): 512}
 
 
@@ -501,7 +508,8 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
             launch_head_group(seqlen, causal)),
            dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
                 IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS,
-                EXP_TURNS=(head_dim, causal) in FWD_EXP_TURNS, num_warps=4))
+                EXP_TURNS=(head_dim, causal) in FWD_EXP_TURNS, KEYS_DOWN=(head_dim, causal) in FWD_KEYS_DOWN,
+                num_warps=4))
 
 
 # ---------------------------------------------------------------------------------------------------

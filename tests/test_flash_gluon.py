@@ -54,8 +54,8 @@ def test_gluon_scope(as_if_sm90, monkeypatch):
     q, k, v = _qkv(1, 1024, 1024, 4, 2, 128)
     assert _why(*_qkv(1, 512, 512, 4, 2, 256)) is None and _why(*_qkv(1, 512, 512, 4, 2, 256), causal=True) is None
     assert "below 512" in _why(*_qkv(1, 256, 256, 4, 2, 256))
-    assert _why(*_qkv(1, 1024, 1024, 4, 2, 64)) is None and _why(*_qkv(1, 2048, 2048, 2, 2, 64), causal=True) is None
-    assert "below 2048 causal" in _why(*_qkv(1, 1024, 1024, 4, 2, 64), causal=True)
+    assert _why(*_qkv(1, 1024, 1024, 4, 2, 64)) is None and _why(*_qkv(1, 1024, 1024, 2, 2, 64), causal=True) is None
+    assert "below 1024 causal" in _why(*_qkv(1, 512, 512, 4, 2, 64), causal=True)
     assert "below 1024" in _why(*_qkv(1, 512, 512, 4, 2, 64))
     cases = {
         "head dim 96": _qkv(1, 1024, 1024, 4, 4, 96),
@@ -122,7 +122,8 @@ def test_head_tiles_equals_a_checked_descriptor():
 
 def _compile_gluon_sm90(dtype: str, causal: bool, head_dim: int = 128) -> dict:
     """resources(kernels.flash_gluon._fwd_kernel) for sm_90, with the launcher's constexprs and descriptor types
-    (causal: the pairs of the persistent grid where it runs at short lengths; EXP_TURNS where FWD_EXP_TURNS has it)."""
+    (causal: the pairs of the persistent grid where it runs at short lengths; EXP_TURNS and KEYS_DOWN where
+    FWD_EXP_TURNS and FWD_KEYS_DOWN have them)."""
     import kernels.flash_gluon as G
 
     block_m, block_n, stages, q_buffers = G.FWD_TILES[head_dim]
@@ -132,7 +133,7 @@ def _compile_gluon_sm90(dtype: str, causal: bool, head_dim: int = 128) -> dict:
              f"desc = lambda r: R.tensordesc('{_SHORT[dtype]}', [r, {head_dim}], lay(r))")
     consts = (f"dict(HEAD_DIM={head_dim}, BLOCK_M={block_m}, BLOCK_N={block_n}, STAGES={stages}, "
               f"Q_BUFFERS={q_buffers}, IS_CAUSAL={causal}, PAIRED={paired}, CONSUMER_REGS=G.CONSUMER_REGS, "
-              f"EXP_TURNS={(head_dim, causal) in G.FWD_EXP_TURNS})")
+              f"EXP_TURNS={(head_dim, causal) in G.FWD_EXP_TURNS}, KEYS_DOWN={(head_dim, causal) in G.FWD_KEYS_DOWN})")
     types = (f"dict(q_desc=desc({block_m // 2}), o_desc=desc({block_m // 2}), k_desc=desc({block_n}), "
              f"v_desc=desc({block_n}))")
     return compile_sm90("G._fwd_kernel", consts, 4, stages, setup, types)

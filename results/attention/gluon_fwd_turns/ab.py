@@ -38,7 +38,8 @@ def forms(head_dim: int) -> dict:
     ("defer", "turns_defer", head dim 64 only) were measured with the kernel of ea13121, and TURN_SKIP's
     ("skip_masked" = TURN_SKIP 1, "skip_first" = 2, both with EXP_TURNS; device_causal.sh) with 06629ba's; both
     were removed after their runs."""
-    return {"shipped": dict(EXP_TURNS=False), "turns": dict(EXP_TURNS=True),
+    # every form names both flags: the launcher's own choice (FWD_EXP_TURNS, FWD_KEYS_DOWN) must not leak into them
+    return {"shipped": dict(EXP_TURNS=False, KEYS_DOWN=False), "turns": dict(EXP_TURNS=True, KEYS_DOWN=False),
             # the third step (prepared in session 38): the key tiles in descending order, with and without turns
             "keys_down": dict(EXP_TURNS=False, KEYS_DOWN=True), "keys_down_turns": dict(EXP_TURNS=True, KEYS_DOWN=True)}
 
@@ -108,11 +109,18 @@ def _reference(q, k, v, causal):
 
 
 def check(head_dims=(64, 128)):
-    """Head dims 64 and 128, 1K and 2K tokens, both masks, the default grid and 7 programs (each then runs many
-    items, so the deferred wait crosses items): O within 2x the shipped form's error against float64, and O and LSE
+    """Head dims 64 and 128, 1K and 2K tokens, both masks, the default grid, 7 programs (each then runs many
+    items, so the deferred wait crosses items) and, causal, one query tile a program (the grid past 8K tokens): O within 2x the shipped form's error against float64, and O and LSE
     bit-identical to the shipped form's (the same arithmetic in the same order) except with KEYS_DOWN."""
     bad = 0
-    for head_dim, seqlen, causal, programs in itertools.product(head_dims, (1024, 2048), (False, True), (None, 7)):
+    for head_dim, seqlen, causal, programs in itertools.product(head_dims, (1024, 2048), (False, True),
+                                                                (None, 7, "per-tile")):
+        if programs == "per-tile" and not causal:
+            continue
+        # "per-tile": one query tile a program, as past PERSISTENT_CAUSAL_UP_TO (KEYS_DOWN's other path)
+        per_tile, programs = programs == "per-tile", (None if programs == "per-tile" else programs)
+        saved = G.PERSISTENT_CAUSAL_UP_TO
+        G.PERSISTENT_CAUSAL_UP_TO = 0 if per_tile else saved
         q, k, v = _inputs(2, seqlen, 4, head_dim)
         ref_o, ref_lse = _reference(q, k, v, causal)
         fs = forms(head_dim)
@@ -130,8 +138,9 @@ def check(head_dims=(64, 128)):
             ok = err <= 2 * base_err + 1e-3 and err < 2e-2 and lse_err < 1e-2 and (same or flags.get("KEYS_DOWN"))
             bad += not ok
             line.append(f"{name} err {err:.2e} lse {lse_err:.1e} bit-identical {same} {'ok' if ok else 'BAD'}")
-        print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d} programs {programs}: shipped err {base_err:.2e}; "
-              + "; ".join(line), flush=True)
+        G.PERSISTENT_CAUSAL_UP_TO = saved
+        print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d} programs {'per tile' if per_tile else programs}: "
+              f"shipped err {base_err:.2e}; " + "; ".join(line), flush=True)
     print("all ok" if not bad else f"{bad} BAD")
 
 
