@@ -273,7 +273,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
               turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
-              KEYS_DOWN: gl.constexpr = False):
+              KEYS_DOWN: gl.constexpr = False, PEEL_MASK: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -283,6 +283,9 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     that a causal item's masked tile comes first (FlashAttention-3's order) and its turns end on unmasked tiles."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
+    # PEEL_MASK (session 39's experiment): with KEYS_DOWN and BLOCK_N == BLOCK_M an item's one masked tile is its
+    # round 0, so rounds 1 .. n-1 are unmasked at compile time: no runtime branch around their softmax
+    LOOP_MAY_MASK: gl.constexpr = IS_CAUSAL and not (KEYS_DOWN and PEEL_MASK)
     s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = _lhs_layout(4, HEAD_DIM)
@@ -340,7 +343,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                 s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
                 kt = n_tiles - 1 - j if KEYS_DOWN else j
                 p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
-                                                   IS_CAUSAL, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
+                                                   LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
                 if EXP_TURNS:
                     tc += 1
                 acc = warpgroup_mma_wait(0, (acc_tok,))
@@ -376,7 +379,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False):
+                EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, PEEL_MASK: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
@@ -411,10 +414,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     gl.warp_specialize([
         (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, PEEL_MASK)),
         (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, PEEL_MASK)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
                    PAIRED, KEYS_DOWN))],

@@ -41,7 +41,10 @@ def forms(head_dim: int) -> dict:
     # every form names both flags: the launcher's own choice (FWD_EXP_TURNS, FWD_KEYS_DOWN) must not leak into them
     return {"shipped": dict(EXP_TURNS=False, KEYS_DOWN=False), "turns": dict(EXP_TURNS=True, KEYS_DOWN=False),
             # the third step (prepared in session 38): the key tiles in descending order, with and without turns
-            "keys_down": dict(EXP_TURNS=False, KEYS_DOWN=True), "keys_down_turns": dict(EXP_TURNS=True, KEYS_DOWN=True)}
+            "keys_down": dict(EXP_TURNS=False, KEYS_DOWN=True), "keys_down_turns": dict(EXP_TURNS=True, KEYS_DOWN=True),
+            # the fourth (session 39): with keys down, the loop's tiles unmasked at compile time (PEEL_MASK)
+            "peel": dict(EXP_TURNS=False, KEYS_DOWN=True, PEEL_MASK=True),
+            "peel_turns": dict(EXP_TURNS=True, KEYS_DOWN=True, PEEL_MASK=True)}
 
 
 def forward_with(flags: dict):
