@@ -76,9 +76,10 @@ PERSISTENT_HEAD_DIMS = (64, 128)
 # 0.99-1.04x non-causal, 0.96-0.98x causal up to 8K. So only head dim 64 non-causal.
 FWD_EXP_TURNS = {(64, False)}
 # (head dim, causal) whose key tiles run in descending order (`_consumer`'s KEYS_DOWN), the causal masked tile first
-# (FlashAttention-3's order). Needs BLOCK_N == BLOCK_M. The forward alone on one H100, head dim 64 causal, two runs
-# (results/attention/gluon_fwd_turns/bench_keys_down_h100.txt, bench_keys_down2_h100.txt): 1.07x at 1K, 0.996-1.007x
-# at 2K-16K; head dim 128 causal 0.97-1.00x.
+# (FlashAttention-3's order), so that the other rounds are unmasked at compile time. Needs BLOCK_N == BLOCK_M. The
+# forward alone on one H100 against ascending keys (results/attention/gluon_fwd_turns/bench_peeled_h100.txt), head dim
+# 64 causal: 1.12x at 1K, 1.02-1.04x at 2K-16K, 0.99-1.03x cuDNN's forward from 2K in the same rounds; head dim 128
+# causal 0.95-1.00x.
 FWD_KEYS_DOWN = {(64, True)}
 
 
@@ -273,7 +274,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
               turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
-              KEYS_DOWN: gl.constexpr = False, PEEL_MASK: gl.constexpr = False):
+              KEYS_DOWN: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -283,9 +284,10 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     that a causal item's masked tile comes first (FlashAttention-3's order) and its turns end on unmasked tiles."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
-    # PEEL_MASK (session 39's experiment): with KEYS_DOWN and BLOCK_N == BLOCK_M an item's one masked tile is its
-    # round 0, so rounds 1 .. n-1 are unmasked at compile time: no runtime branch around their softmax
-    LOOP_MAY_MASK: gl.constexpr = IS_CAUSAL and not (KEYS_DOWN and PEEL_MASK)
+    # with KEYS_DOWN (BLOCK_N == BLOCK_M) an item's one masked tile is its round 0, so rounds 1 .. n-1 are unmasked at
+    # compile time: no runtime branch around their softmax, which ptxas does not schedule across (1.02-1.05x the
+    # branching form at head dim 64 causal: results/attention/gluon_fwd_turns/bench_peel_h100.txt)
+    LOOP_MAY_MASK: gl.constexpr = IS_CAUSAL and not KEYS_DOWN
     s_layout: gl.constexpr = _acc_layout(4, BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(4, HEAD_DIM)
     p_layout: gl.constexpr = _lhs_layout(4, HEAD_DIM)
@@ -379,7 +381,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, PEEL_MASK: gl.constexpr = False):
+                EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
@@ -414,10 +416,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     gl.warp_specialize([
         (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, PEEL_MASK)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
         (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, PEEL_MASK)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
                    PAIRED, KEYS_DOWN))],

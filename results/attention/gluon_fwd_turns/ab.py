@@ -41,10 +41,9 @@ def forms(head_dim: int) -> dict:
     # every form names both flags: the launcher's own choice (FWD_EXP_TURNS, FWD_KEYS_DOWN) must not leak into them
     return {"shipped": dict(EXP_TURNS=False, KEYS_DOWN=False), "turns": dict(EXP_TURNS=True, KEYS_DOWN=False),
             # the third step (prepared in session 38): the key tiles in descending order, with and without turns
-            "keys_down": dict(EXP_TURNS=False, KEYS_DOWN=True), "keys_down_turns": dict(EXP_TURNS=True, KEYS_DOWN=True),
-            # the fourth (session 39): with keys down, the loop's tiles unmasked at compile time (PEEL_MASK)
-            "peel": dict(EXP_TURNS=False, KEYS_DOWN=True, PEEL_MASK=True),
-            "peel_turns": dict(EXP_TURNS=True, KEYS_DOWN=True, PEEL_MASK=True)}
+            # (since session 39's fourth step the loop's tiles are unmasked at compile time with KEYS_DOWN; the branching
+            # form, and PEEL_MASK, which chose between them, are at 7ae0298)
+            "keys_down": dict(EXP_TURNS=False, KEYS_DOWN=True), "keys_down_turns": dict(EXP_TURNS=True, KEYS_DOWN=True)}
 
 
 def forward_with(flags: dict):
