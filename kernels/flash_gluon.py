@@ -730,35 +730,12 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
 
 
 @gluon.jit
-def _bwd_compute_tile(k_buf, v_buf, q_smem, do_smem, pt_smem, ds_smem, lse_smem, delta_smem, dq_smem, ready, empty,
-                      dq_full, dq_empty, g, i, start_n, keys, qcols, st_init, dq_init, dv, dk, qk_scale,
-                      op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      DQ_STAGES: gl.constexpr, MASK: gl.constexpr, SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr):
-    """`_bwd_compute`'s query tile i, ring position g: wait for Q_i and dO_i, `_bwd_tile` (the causal mask where MASK),
-    hand the slot back and dQ_i to the writer. Returns dV and dK."""
-    slot = g % STAGES
-    mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-    dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem,
-                           lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init, dq_init, dv,
-                           dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, MASK, SPLIT, STATS_AT_USE)
-    mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill it
-    s = g % DQ_STAGES
-    mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
-    dq_smem.index(s).store(dq)
-    fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-    mbarrier.arrive(dq_full.index(s))
-    return dv, dk
-
-
-@gluon.jit
 def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem, delta_smem,
                  kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
                  sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr, PEEL_DIAG: gl.constexpr = False):
-    # one K/V buffer, key blocks one after another (`_bwd_kernel`). PEEL_DIAG (session 39's experiment,
-    # results/attention/gluon_bwd_peel/): under a mask, a key block's diagonal query tiles in a loop of their own, so
-    # that the loop over the rest has no mask test (a runtime branch in the loop, which ptxas does not schedule across)
+                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr):
+    # one K/V buffer, key blocks one after another (`_bwd_kernel`)
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
@@ -779,26 +756,20 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
             dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
             dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
             mbarrier.wait(kv_ready.index(0), it & 1)
-            if PEEL_DIAG and IS_CAUSAL:  # the diagonal's query tiles, then the rest unmasked at compile time
-                for i in range(lo, lo + BLOCK_N // BLOCK_M):
-                    dv, dk = _bwd_compute_tile(k_buf, v_buf, q_smem, do_smem, pt_smem, ds_smem, lse_smem, delta_smem,
-                                               dq_smem, ready, empty, dq_full, dq_empty, g, i, start_n, keys, qcols,
-                                               st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, STAGES,
-                                               DQ_STAGES, True, SPLIT, STATS_AT_USE)
-                    g += 1
-                for i in range(lo + BLOCK_N // BLOCK_M, n_end):
-                    dv, dk = _bwd_compute_tile(k_buf, v_buf, q_smem, do_smem, pt_smem, ds_smem, lse_smem, delta_smem,
-                                               dq_smem, ready, empty, dq_full, dq_empty, g, i, start_n, keys, qcols,
-                                               st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, STAGES,
-                                               DQ_STAGES, False, SPLIT, STATS_AT_USE)
-                    g += 1
-            else:
-                for i in range(lo, n_end):
-                    dv, dk = _bwd_compute_tile(k_buf, v_buf, q_smem, do_smem, pt_smem, ds_smem, lse_smem, delta_smem,
-                                               dq_smem, ready, empty, dq_full, dq_empty, g, i, start_n, keys, qcols,
-                                               st_init, dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, STAGES,
-                                               DQ_STAGES, IS_CAUSAL, SPLIT, STATS_AT_USE)
-                    g += 1
+            for i in range(lo, n_end):
+                slot = g % STAGES
+                mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
+                dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem,
+                                         lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init,
+                                         dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT,
+                                         STATS_AT_USE)
+                mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill it
+                s = g % DQ_STAGES
+                mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
+                dq_smem.index(s).store(dq)
+                fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+                mbarrier.arrive(dq_full.index(s))
+                g += 1
 
             # dK (times the softmax scale) and dV out by TMA through this key block's K and V buffers
             k_buf.store((dk * sm_scale).to(k_buf.dtype))
@@ -815,7 +786,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
 def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
                 qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                ds_layout: gl.constexpr, STATS_AT_USE: gl.constexpr = False, PEEL_DIAG: gl.constexpr = False):
+                ds_layout: gl.constexpr, STATS_AT_USE: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
     # Each program runs work units pid, pid + programs, ... (`_work_unit` over single key blocks), one K/V buffer
@@ -858,7 +829,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
                         delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                         head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL,
-                        WARPS, SPLIT, STATS_AT_USE, PEEL_DIAG)),
+                        WARPS, SPLIT, STATS_AT_USE)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
@@ -868,63 +839,11 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
 
 
 @gluon.jit
-def _bwd_half_tile(W: gl.constexpr, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_empty, ready, empty,
-                   ds_full, ds_free, dq_full, dq_empty, k_buf, k_w, v_w, g, i, lo, it, start_w, keys, qcols, st_init,
-                   dq_init, dv, dk, qk_scale, st_layout: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                   SUB_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                   MASK: gl.constexpr):
-    """`_bwd_half`'s query tile i, ring position g (the causal mask where MASK). Returns dV and dK."""
-    slot = g % STAGES
-    mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-    q_s = q_smem.index(slot)
-    do_s = do_smem.index(slot)
-    lse = lse_smem.index(slot).load(st_layout)
-    delta = delta_smem.index(slot).load(st_layout)
-    st_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
-    dpt_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
-    st = warpgroup_mma_wait(1, (st_tok,))
-    pt = gl.exp2(st * qk_scale - lse)
-    if MASK:  # only the tiles on the diagonal have keys after some of their queries
-        if i * BLOCK_M < start_w + SUB_N:
-            queries = i * BLOCK_M + qcols
-            pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-    dv_tok = warpgroup_mma(gl.convert_layout(pt.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
-    dpt = warpgroup_mma_wait(1, (dpt_tok,))
-    dst = (pt * (dpt - delta)).to(q_s.dtype)
-    b = g % 2
-    # the dQ of tile g - 2 has read this dS^T buffer (a fresh barrier passes parity 1)
-    mbarrier.wait(ds_free.index(b), ((g // 2) & 1) ^ 1)
-    ds_smem.index(2 * b + W).store(dst)
-    dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
-    fence_async_shared()
-    mbarrier.arrive(ds_full.index(b))  # count 2: both halves of tile g's dS^T stored
-    dv, dk = warpgroup_mma_wait(0, (dv_tok, dk_tok))
-    mbarrier.arrive(empty.index(slot))  # count 2: Q_i, dO_i, LSE_i, delta_i read by both warpgroups
-    if (i == lo) & (it > 0):
-        tma.store_wait(0)  # this warpgroup's half of the last key block's dK, dV has left its buffer
-        mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))  # count 2
-    if g % 2 == W:  # this warpgroup's turn: the tile's whole dQ, two chained m64n64 wgmma
-        mbarrier.wait(ds_full.index(b), (g // 2) & 1)
-        dq_tok = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)), k_buf.slice(0, SUB_N), dq_init,
-                               use_acc=False, is_async=True)
-        dq_tok = warpgroup_mma(ds_smem.index(2 * b + 1).permute((1, 0)), k_buf.slice(SUB_N, SUB_N),
-                               dq_tok, is_async=True)
-        dq = warpgroup_mma_wait(0, (dq_tok,))
-        mbarrier.arrive(ds_free.index(b))
-        s = g % DQ_STAGES
-        mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
-        dq_smem.index(s).store(dq)
-        fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-        mbarrier.arrive(dq_full.index(s))
-    return dv, dk
-
-
-@gluon.jit
 def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
               delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
               seqlen, head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, PEEL_DIAG: gl.constexpr = False):
+              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     """`_bwd_split_kernel`'s compute warpgroup W (4 warps): keys start_n + 64 W .. + 63 of each key block. Per query
     tile g (counted over all key blocks): S^T, dP^T, P^T, dV and dK for its keys, as `_bwd_tile`, with its dS^T half
     stored to the tile's buffer b = g % 2; then, if g % 2 == W, the tile's whole dQ = dS K over both halves."""
@@ -952,26 +871,50 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
             dk = gl.zeros([SUB_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
             dv = gl.zeros([SUB_N, HEAD_DIM], gl.float32, layout=kv_acc_layout)
             mbarrier.wait(kv_ready.index(kb), (it // KV_BUFFERS) & 1)
-            if PEEL_DIAG and IS_CAUSAL:  # the diagonal's query tiles, then the rest unmasked at compile time
-                for i in range(lo, lo + BLOCK_N // BLOCK_M):
-                    dv, dk = _bwd_half_tile(W, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_empty, ready,
-                                            empty, ds_full, ds_free, dq_full, dq_empty, k_buf, k_w, v_w, g, i, lo, it,
-                                            start_w, keys, qcols, st_init, dq_init, dv, dk, qk_scale, st_layout,
-                                            op_layout, BLOCK_M, SUB_N, STAGES, DQ_STAGES, KV_BUFFERS, True)
-                    g += 1
-                for i in range(lo + BLOCK_N // BLOCK_M, n_end):
-                    dv, dk = _bwd_half_tile(W, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_empty, ready,
-                                            empty, ds_full, ds_free, dq_full, dq_empty, k_buf, k_w, v_w, g, i, lo, it,
-                                            start_w, keys, qcols, st_init, dq_init, dv, dk, qk_scale, st_layout,
-                                            op_layout, BLOCK_M, SUB_N, STAGES, DQ_STAGES, KV_BUFFERS, False)
-                    g += 1
-            else:
-                for i in range(lo, n_end):
-                    dv, dk = _bwd_half_tile(W, q_smem, do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_empty, ready,
-                                            empty, ds_full, ds_free, dq_full, dq_empty, k_buf, k_w, v_w, g, i, lo, it,
-                                            start_w, keys, qcols, st_init, dq_init, dv, dk, qk_scale, st_layout,
-                                            op_layout, BLOCK_M, SUB_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL)
-                    g += 1
+            for i in range(lo, n_end):
+                slot = g % STAGES
+                mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
+                q_s = q_smem.index(slot)
+                do_s = do_smem.index(slot)
+                lse = lse_smem.index(slot).load(st_layout)
+                delta = delta_smem.index(slot).load(st_layout)
+                st_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+                dpt_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
+                st = warpgroup_mma_wait(1, (st_tok,))
+                pt = gl.exp2(st * qk_scale - lse)
+                if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
+                    if i * BLOCK_M < start_w + SUB_N:
+                        queries = i * BLOCK_M + qcols
+                        pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+                dv_tok = warpgroup_mma(gl.convert_layout(pt.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
+                dpt = warpgroup_mma_wait(1, (dpt_tok,))
+                dst = (pt * (dpt - delta)).to(q_s.dtype)
+                b = g % 2
+                # the dQ of tile g - 2 has read this dS^T buffer (a fresh barrier passes parity 1)
+                mbarrier.wait(ds_free.index(b), ((g // 2) & 1) ^ 1)
+                ds_smem.index(2 * b + W).store(dst)
+                dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+                fence_async_shared()
+                mbarrier.arrive(ds_full.index(b))  # count 2: both halves of tile g's dS^T stored
+                dv, dk = warpgroup_mma_wait(0, (dv_tok, dk_tok))
+                mbarrier.arrive(empty.index(slot))  # count 2: Q_i, dO_i, LSE_i, delta_i read by both warpgroups
+                if (i == lo) & (it > 0):
+                    tma.store_wait(0)  # this warpgroup's half of the last key block's dK, dV has left its buffer
+                    mbarrier.arrive(kv_empty.index((it - 1) % KV_BUFFERS))  # count 2
+                if g % 2 == W:  # this warpgroup's turn: the tile's whole dQ, two chained m64n64 wgmma
+                    mbarrier.wait(ds_full.index(b), (g // 2) & 1)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)), k_buf.slice(0, SUB_N), dq_init,
+                                           use_acc=False, is_async=True)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * b + 1).permute((1, 0)), k_buf.slice(SUB_N, SUB_N),
+                                           dq_tok, is_async=True)
+                    dq = warpgroup_mma_wait(0, (dq_tok,))
+                    mbarrier.arrive(ds_free.index(b))
+                    s = g % DQ_STAGES
+                    mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
+                    dq_smem.index(s).store(dq)
+                    fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+                    mbarrier.arrive(dq_full.index(s))
+                g += 1
             # the key block's last dQ (either warpgroup's) reads both K halves: done before dK overwrites this one
             mbarrier.wait(ds_free.index((g - 1) % 2), ((g - 1) // 2) & 1)
             k_w.store((dk * sm_scale).to(k_w.dtype))
@@ -988,7 +931,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, PEEL_DIAG: gl.constexpr = False):
+                      CONSUMER_REGS: gl.constexpr):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1032,11 +975,11 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
         (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
                       delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
                       nheads, seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                      KV_BUFFERS, IS_CAUSAL, PAIRED, PEEL_DIAG)),
+                      KV_BUFFERS, IS_CAUSAL, PAIRED)),
         (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
                       delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
                       nheads, seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                      KV_BUFFERS, IS_CAUSAL, PAIRED, PEEL_DIAG)),
+                      KV_BUFFERS, IS_CAUSAL, PAIRED)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),

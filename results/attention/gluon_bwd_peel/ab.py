@@ -3,7 +3,8 @@
 whether the tile crosses the diagonal: a runtime branch in the loop, which ptxas does not schedule across. With
 PEEL_DIAG the diagonal's query tiles (BLOCK_N / BLOCK_M of them) run in a loop of their own and the rest in a loop
 with no mask at compile time; off, the PTX is the shipped kernel's (debug labels aside). The forward's same change
-gained 1.02-1.05x (../gluon_fwd_turns/README.md, fourth step).
+gained 1.02-1.05x (../gluon_fwd_turns/README.md, fourth step). Measured 0.97-1.03x, not kept: the kernel with
+PEEL_DIAG is at 14104ed, where this script runs (`git checkout 14104ed -- kernels/flash_gluon.py`).
 
     python results/attention/gluon_bwd_peel/ab.py compile   # sm_90 registers / spills / SASS, both forms (CPU)
     python results/attention/gluon_bwd_peel/ab.py check     # GPU: against float64 and the shipped form
