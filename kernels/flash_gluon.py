@@ -127,8 +127,50 @@ def _lhs_layout(warps, n):
 
 
 @gluon.jit
+def _named_barrier(ID: gl.constexpr, SYNC: gl.constexpr):
+    """bar.sync (SYNC) or bar.arrive on hardware barrier 14 + ID for 256 threads: the two consumer warpgroups, one
+    waiting, the other passing (NAMED_TURNS, session 39's experiment). One element a thread, so the asm runs once a
+    thread; not pure, so it stays where it is."""
+    one = gl.full([128], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    if SYNC:
+        if ID == 0:
+            gl.inline_asm_elementwise("bar.sync 14, 256; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise("bar.sync 15, 256; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+    else:
+        if ID == 0:
+            gl.inline_asm_elementwise("bar.arrive 14, 256; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise("bar.arrive 15, 256; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
+
+@gluon.jit
+def _turn_wait(my_turn, phase, W: gl.constexpr, NAMED: gl.constexpr):
+    """Wait for consumer W's turn: its mbarrier's phase `phase`, or with NAMED its hardware barrier."""
+    if NAMED:
+        _named_barrier(W, True)
+    else:
+        mbarrier.wait(my_turn, phase)
+
+
+@gluon.jit
+def _turn_pass(other_turn, W: gl.constexpr, NAMED: gl.constexpr):
+    """Pass the turn to the other consumer. An mbarrier arrive from a warpgroup is one elected thread's after a
+    warpgroup-wide bar.sync; a hardware barrier's bar.arrive blocks no one."""
+    if NAMED:
+        _named_barrier(1 - W, False)
+    else:
+        mbarrier.arrive(other_turn)
+
+
+@gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_layout: gl.constexpr, my_turn=None,
-                  other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False):
+                  other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False, W: gl.constexpr = 0,
+                  NAMED: gl.constexpr = False):
     """Online softmax of one float32 score tile: (P unnormalised, new row max, new row sum, alpha), base 2. With
     EXP_TURNS the exponentials run in this consumer's turn (my_turn's phase `phase`), which it then passes on."""
     if MASK:  # the tile crosses the diagonal: key j is visible to query i iff j <= i
@@ -136,29 +178,30 @@ def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_la
         s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     if EXP_TURNS:
-        mbarrier.wait(my_turn, phase)
+        _turn_wait(my_turn, phase, W, NAMED)
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s * qk_scale - m_new[:, None])
     if EXP_TURNS:
-        mbarrier.arrive(other_turn)
+        _turn_pass(other_turn, W, NAMED)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
 
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, crosses_diagonal, IS_CAUSAL: gl.constexpr,
-                  s_layout: gl.constexpr, my_turn=None, other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False):
+                  s_layout: gl.constexpr, my_turn=None, other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False,
+                  W: gl.constexpr = 0, NAMED: gl.constexpr = False):
     """_softmax_step with the causal mask only on tiles that cross the diagonal (a runtime test)."""
     if IS_CAUSAL:
         if crosses_diagonal:
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, True, s_layout, my_turn,
-                                               other_turn, phase, EXP_TURNS)
+                                               other_turn, phase, EXP_TURNS, W, NAMED)
         else:
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout, my_turn,
-                                               other_turn, phase, EXP_TURNS)
+                                               other_turn, phase, EXP_TURNS, W, NAMED)
     else:
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout, my_turn, other_turn,
-                                           phase, EXP_TURNS)
+                                           phase, EXP_TURNS, W, NAMED)
     return p, m_i, l_i, alpha
 
 
@@ -274,7 +317,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
               turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
-              KEYS_DOWN: gl.constexpr = False):
+              KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -297,6 +340,9 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     it = 0
     g = 0  # the ring position of this item's first K/V tile
     tc = 0  # waits on my_turn so far: its parity is the phase to wait for
+    if NAMED_TURNS:
+        if W == 1:
+            _named_barrier(0, False)  # consumer 0 goes first
     for u in range(gl.program_id(0), _n_units(n_m, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = _work_unit(u, n_m, n_bh, head_group, PAIRED, IS_CAUSAL)
         for half in range(count):
@@ -314,15 +360,16 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             slot = g % STAGES
             mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
             if not EXP_TURNS:
-                mbarrier.wait(my_turn, tc & 1)
+                _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
                 tc += 1
             s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
             if not EXP_TURNS:
-                mbarrier.arrive(other_turn)
+                _turn_pass(other_turn, W, NAMED_TURNS)
             s = warpgroup_mma_wait(0, (s_tok,))
             kt0 = n_tiles - 1 if KEYS_DOWN else 0
             p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
-                                               s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
+                                               s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
+                                               NAMED_TURNS)
             if EXP_TURNS:
                 tc += 1
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -336,16 +383,17 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                 mbarrier.wait(v_ready.index(prev), ((gj - 1) // STAGES) & 1)
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
                 if not EXP_TURNS:
-                    mbarrier.wait(my_turn, tc & 1)
+                    _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
                     tc += 1
                 s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
                 acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 if not EXP_TURNS:
-                    mbarrier.arrive(other_turn)
+                    _turn_pass(other_turn, W, NAMED_TURNS)
                 s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
                 kt = n_tiles - 1 - j if KEYS_DOWN else j
                 p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
-                                                   LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS)
+                                                   LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
+                                               NAMED_TURNS)
                 if EXP_TURNS:
                     tc += 1
                 acc = warpgroup_mma_wait(0, (acc_tok,))
@@ -358,11 +406,11 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             mbarrier.wait(v_ready.index(last), (glast // STAGES) & 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             if not EXP_TURNS:
-                mbarrier.wait(my_turn, tc & 1)
+                _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
                 tc += 1
             acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
             if not EXP_TURNS:
-                mbarrier.arrive(other_turn)
+                _turn_pass(other_turn, W, NAMED_TURNS)
             acc = warpgroup_mma_wait(0, (acc_tok,))
             mbarrier.arrive(kv_empty.index(last))
 
@@ -381,7 +429,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False):
+                EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
@@ -416,10 +464,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     gl.warp_specialize([
         (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, NAMED_TURNS)),
         (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, NAMED_TURNS)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
                    PAIRED, KEYS_DOWN))],
