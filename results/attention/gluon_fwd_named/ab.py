@@ -11,7 +11,6 @@ must be bit-identical to the shipped form's.
 import argparse
 import importlib.util
 import itertools
-import sys
 from pathlib import Path
 
 import torch
