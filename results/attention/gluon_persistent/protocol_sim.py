@@ -10,7 +10,11 @@ deadlocks; a consumer reads a Q buffer or K/V slot only while it holds the tile 
 slot only after both consumers released its tile, and a Q buffer only after its consumer stored that item's O; the
 consumers' wgmma rounds alternate strictly, across items too. Each of five single mutations of the protocol is
 caught. With EXP_TURNS (session 38, shipped at head dim 64 non-causal) the turns bracket each round's exponentials
-instead of its wgmma issues, one a key tile: the same checks, the exponential phases alternating strictly.
+instead of its wgmma issues, one a key tile: the same checks, the exponential phases alternating strictly. With
+NAMED_TURNS (session 39, prepared: ../gluon_fwd_named/) the turns are two hardware named barriers for 256 threads,
+consumer w waiting on barrier w with bar.sync and passing with bar.arrive on the other's, consumer 1 arriving once
+first: the same checks, plus that no consumer arrives twice on one barrier before its waiter has come (a second
+arrive would complete the barrier without the waiter).
 
     python results/attention/gluon_persistent/protocol_sim.py     # prints the cases run; raises on a violation
 """
@@ -23,6 +27,28 @@ from protocol_sim import Barrier, Sim as ForwardSim  # noqa: E402
 
 BUGS = ("q_ready parity per item, not per buffer use", "q_empty wait without the flip",
         "v_ready parity of the wrong tile", "no q_empty arrive", "no kv_empty arrive")
+NAMED_BUGS = ("no first named arrive", "a second pass on the last round")
+
+
+class NamedBarrier:
+    """A hardware named barrier for the two consumer warpgroups (bar.sync / bar.arrive, 256 threads): a generation
+    completes once both have come, the waiter by bar.sync (blocking until then), the other by bar.arrive (never
+    blocking). One warpgroup coming twice in a generation would complete it on its own: an error here."""
+
+    def __init__(self):
+        self.members, self.generation = set(), 0
+
+    def join(self, w):
+        if w in self.members:
+            raise AssertionError(f"consumer {w} came twice to a named barrier in one generation")
+        gen = self.generation
+        self.members.add(w)
+        if len(self.members) == 2:
+            self.members, self.generation = set(), self.generation + 1
+        return gen
+
+    def passes(self, gen):  # the Sim's wait interface: a bar.sync that joined generation gen
+        return self.generation > gen
 
 
 class Sim(ForwardSim):
@@ -33,6 +59,7 @@ class Sim(ForwardSim):
         self.q_ready = [Barrier(1) for _ in range(2 * q_buffers)]
         self.q_empty = [Barrier(1) for _ in range(2 * q_buffers)]
         self.q_done = set()  # (item, consumer) whose O has left its Q buffer
+        self.named = [NamedBarrier(), NamedBarrier()]  # NAMED_TURNS: consumer w waits on named[w]
 
     def tma(self, bar, buf, tile):
         if buf[0] == "q":
@@ -59,17 +86,26 @@ def loader(s, items, stages, q_buffers, bug):
         it += 1
 
 
-def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False):
+def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False):
     it = g = tc = 0
 
     def wait_turn():
         nonlocal tc
-        yield s.turns[w], tc & 1
+        if named:
+            yield s.named[w], s.named[w].join(w)  # bar.sync
+        else:
+            yield s.turns[w], tc & 1
         tc += 1
 
     def pass_turn():
         s.issue(w, tc)
-        s.turns[1 - w].arrive()
+        if named:
+            s.named[1 - w].join(w)  # bar.arrive
+        else:
+            s.turns[1 - w].arrive()
+
+    if named and w == 1 and bug != "no first named arrive":
+        s.named[0].join(1)  # consumer 0 goes first
 
     for item, n_tiles in items:
         qi = 2 * (it % q_buffers) + w
@@ -110,6 +146,8 @@ def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False):
         s.read(w, ("v", last), glast)
         if not exp_turns:
             pass_turn()
+        if named and bug == "a second pass on the last round":
+            s.named[1 - w].join(w)
         s.kv_empty[last].arrive()
         s.released[w].add(glast)
         s.q_done.add((item, w))  # O stored through the Q buffer and tma.store_wait: the buffer is free
@@ -119,11 +157,11 @@ def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False):
         it += 1
 
 
-def simulate(items, stages, q_buffers, rng, bug=None, exp_turns=False):
+def simulate(items, stages, q_buffers, rng, bug=None, exp_turns=False, named=False):
     s = Sim(stages, q_buffers, rng)
     s.run({"loader": loader(s, items, stages, q_buffers, bug),
-           "c0": consumer(s, 0, items, stages, q_buffers, bug, exp_turns),
-           "c1": consumer(s, 1, items, stages, q_buffers, bug, exp_turns)})
+           "c0": consumer(s, 0, items, stages, q_buffers, bug, exp_turns, named),
+           "c1": consumer(s, 1, items, stages, q_buffers, bug, exp_turns, named)})
     rounds = sum(n + (0 if exp_turns else 1) for _, n in items)
     want = [(w, r) for r in range(1, rounds + 1) for w in (0, 1)]
     assert s.rounds == want, f"rounds out of turn: {s.rounds[:8]} ..."
@@ -139,8 +177,9 @@ def main():
         for stages in (2, 3, 4):
             for q_buffers in (1, 2):
                 for exp_turns in (False, True):
-                    simulate(items, stages, q_buffers, rng, exp_turns=exp_turns)
-                    cases += 1
+                    for named in (False, True):
+                        simulate(items, stages, q_buffers, rng, exp_turns=exp_turns, named=named)
+                        cases += 1
     caught = 0
     for bug in BUGS:
         try:
@@ -150,9 +189,18 @@ def main():
             caught += 1
         else:
             raise AssertionError(f"mutation not caught: {bug}")
+    for bug in NAMED_BUGS:  # on the named barriers' own protocol
+        try:
+            for seed in range(50):
+                simulate([(t, 1 + (seed + t) % 4) for t in range(5)], 2, 2, random.Random(seed), bug, seed % 2 == 1,
+                         named=True)
+        except AssertionError:
+            caught += 1
+        else:
+            raise AssertionError(f"mutation not caught: {bug}")
     print(f"{cases} random interleavings (1-7 items of 1-9 key tiles, ring depths 2-4, 1-2 Q buffers, turns around the "
-          f"wgmma issues or the exponentials): no deadlock, no stale or overwritten tile, turns strictly alternating; "
-          f"{caught} of {len(BUGS)} mutations caught")
+          f"wgmma issues or the exponentials, through mbarriers or named barriers): no deadlock, no stale or "
+          f"overwritten tile, turns strictly alternating; {caught} of {len(BUGS) + len(NAMED_BUGS)} mutations caught")
 
 
 if __name__ == "__main__":
