@@ -324,7 +324,8 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     EXP_TURNS (FWD_EXP_TURNS): the turns order the softmax's exponentials instead of the wgmma issues, so that the
     two consumers' exponentials never share the SM's exp units (cuDNN's order, read from its SASS). KEYS_DOWN
     (FWD_KEYS_DOWN): the key tiles in descending order, so that a causal item's one masked tile is its round 0 and the
-    loop's rounds are unmasked at compile time (FlashAttention-3's order)."""
+    loop's rounds are unmasked at compile time (FlashAttention-3's order). NAMED_TURNS (session 39's experiment,
+    results/attention/gluon_fwd_named/, not run): the turns through hardware named barriers instead of mbarriers."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
     # with KEYS_DOWN (BLOCK_N == BLOCK_M) an item's one masked tile is its round 0, so rounds 1 .. n-1 are unmasked at
