@@ -170,12 +170,16 @@ def _turn_pass(other_turn, W: gl.constexpr, NAMED: gl.constexpr):
 @gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_layout: gl.constexpr, my_turn=None,
                   other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False, W: gl.constexpr = 0,
-                  NAMED: gl.constexpr = False):
+                  NAMED: gl.constexpr = False, MASK_REL: gl.constexpr = False):
     """Online softmax of one float32 score tile: (P unnormalised, new row max, new row sum, alpha), base 2. With
     EXP_TURNS the exponentials run in this consumer's turn (my_turn's phase `phase`), which it then passes on."""
     if MASK:  # the tile crosses the diagonal: key j is visible to query i iff j <= i
-        cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
-        s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        if MASK_REL:  # the same test against the tile's own column index (session 39's experiment): fewer integer ops
+            cols = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
+            s = gl.where(cols[None, :] <= (rows - start_n)[:, None], s, float("-inf"))
+        else:
+            cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
+            s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     if EXP_TURNS:
         _turn_wait(my_turn, phase, W, NAMED)
@@ -190,12 +194,12 @@ def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_la
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale, start_n, rows, crosses_diagonal, IS_CAUSAL: gl.constexpr,
                   s_layout: gl.constexpr, my_turn=None, other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False,
-                  W: gl.constexpr = 0, NAMED: gl.constexpr = False):
+                  W: gl.constexpr = 0, NAMED: gl.constexpr = False, MASK_REL: gl.constexpr = False):
     """_softmax_step with the causal mask only on tiles that cross the diagonal (a runtime test)."""
     if IS_CAUSAL:
         if crosses_diagonal:
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, True, s_layout, my_turn,
-                                               other_turn, phase, EXP_TURNS, W, NAMED)
+                                               other_turn, phase, EXP_TURNS, W, NAMED, MASK_REL)
         else:
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, False, s_layout, my_turn,
                                                other_turn, phase, EXP_TURNS, W, NAMED)
@@ -317,7 +321,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
               turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
-              KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False):
+              KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False, MASK_REL: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -325,7 +329,8 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     two consumers' exponentials never share the SM's exp units (cuDNN's order, read from its SASS). KEYS_DOWN
     (FWD_KEYS_DOWN): the key tiles in descending order, so that a causal item's one masked tile is its round 0 and the
     loop's rounds are unmasked at compile time (FlashAttention-3's order). NAMED_TURNS (session 39's experiment,
-    results/attention/gluon_fwd_named/, not run): the turns through hardware named barriers instead of mbarriers."""
+    results/attention/gluon_fwd_named/, not run): the turns through hardware named barriers instead of mbarriers.
+    MASK_REL (the same experiment's second): the diagonal tile's mask against the tile's own column index."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
     # with KEYS_DOWN (BLOCK_N == BLOCK_M) an item's one masked tile is its round 0, so rounds 1 .. n-1 are unmasked at
@@ -370,7 +375,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             kt0 = n_tiles - 1 if KEYS_DOWN else 0
             p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
                                                s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
-                                               NAMED_TURNS)
+                                               NAMED_TURNS, MASK_REL)
             if EXP_TURNS:
                 tc += 1
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -394,7 +399,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                 kt = n_tiles - 1 - j if KEYS_DOWN else j
                 p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
                                                    LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
-                                               NAMED_TURNS)
+                                               NAMED_TURNS, MASK_REL)
                 if EXP_TURNS:
                     tc += 1
                 acc = warpgroup_mma_wait(0, (acc_tok,))
@@ -430,7 +435,8 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False):
+                EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False,
+                MASK_REL: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
@@ -465,10 +471,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     gl.warp_specialize([
         (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, NAMED_TURNS)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, NAMED_TURNS, MASK_REL)),
         (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, NAMED_TURNS)),
+                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, NAMED_TURNS, MASK_REL)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
                    PAIRED, KEYS_DOWN))],
