@@ -172,7 +172,8 @@ def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_la
                   other_turn=None, phase=0, EXP_TURNS: gl.constexpr = False, W: gl.constexpr = 0,
                   NAMED: gl.constexpr = False, MASK_REL: gl.constexpr = False):
     """Online softmax of one float32 score tile: (P unnormalised, new row max, new row sum, alpha), base 2. With
-    EXP_TURNS the exponentials run in this consumer's turn (my_turn's phase `phase`), which it then passes on."""
+    EXP_TURNS the exponentials run in this consumer's turn (my_turn's phase `phase`, or with NAMED consumer W's
+    hardware barrier), which it then passes on. MASK_REL: see `_consumer`."""
     if MASK:  # the tile crosses the diagonal: key j is visible to query i iff j <= i
         if MASK_REL:  # the same test against the tile's own column index (session 39's experiment): fewer integer ops
             cols = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
@@ -399,7 +400,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                 kt = n_tiles - 1 - j if KEYS_DOWN else j
                 p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
                                                    LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
-                                               NAMED_TURNS, MASK_REL)
+                                                   NAMED_TURNS, MASK_REL)
                 if EXP_TURNS:
                     tc += 1
                 acc = warpgroup_mma_wait(0, (acc_tok,))
