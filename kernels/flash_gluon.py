@@ -126,26 +126,19 @@ def _lhs_layout(warps, n):
     return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(warps, n), k_width=2)
 
 
+@gluon.constexpr_function
+def _named_barrier_asm(op, barrier):
+    return f"{op} {barrier}, 256; mov.b32 $0, 0;"
+
+
 @gluon.jit
 def _named_barrier(ID: gl.constexpr, SYNC: gl.constexpr):
     """bar.sync (SYNC) or bar.arrive on hardware barrier 14 + ID for 256 threads: the two consumer warpgroups, one
     waiting, the other passing (NAMED_TURNS, session 39's experiment). One element a thread, so the asm runs once a
     thread; not pure, so it stays where it is."""
     one = gl.full([128], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0]))
-    if SYNC:
-        if ID == 0:
-            gl.inline_asm_elementwise("bar.sync 14, 256; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-        else:
-            gl.inline_asm_elementwise("bar.sync 15, 256; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-    else:
-        if ID == 0:
-            gl.inline_asm_elementwise("bar.arrive 14, 256; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
-                                      is_pure=False, pack=1)
-        else:
-            gl.inline_asm_elementwise("bar.arrive 15, 256; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+    gl.inline_asm_elementwise(_named_barrier_asm("bar.sync" if SYNC else "bar.arrive", 14 + ID), "=r,r", [one],
+                              dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

@@ -11,13 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-from _common import capture_graph, repo_root  # noqa: E402
-
-repo_root()  # the checkout on sys.path: kernels below
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_common import eager_and_graphed  # noqa: E402  (puts the checkout on sys.path)
 
 import torch  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
 
 import kernels.flash as F  # noqa: E402
 import kernels.flash_gluon as G  # noqa: E402
@@ -39,14 +36,7 @@ def main():
             fns = {kind: (lambda g=(kind == "gluon"): F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False,
                                                                    None, None, n, n, gluon=g))
                    for kind in ("gluon", "triton")}
-            graphs = {kind: capture_graph(fn, ()) for kind, fn in fns.items()}
-            times = {f"{kind}_{mode}": [] for kind in fns for mode in ("eager", "graphed")}
-            for r in range(3):
-                for kind in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                    times[f"{kind}_eager"].append(do_bench(fns[kind], warmup=25, rep=40, return_mode="median"))
-                    times[f"{kind}_graphed"].append(do_bench(graphs[kind].replay, warmup=10, rep=40,
-                                                             return_mode="median"))
-            med = {name: sorted(t)[1] for name, t in times.items()}
+            med, times = eager_and_graphed(fns)
             print(json.dumps(dict(batch=b, seqlen=n, heads=h, causal=causal,
                                   ms={k_: round(v_, 4) for k_, v_ in med.items()},
                                   gluon_speedup_eager=round(med["triton_eager"] / med["gluon_eager"], 3),

@@ -9,11 +9,11 @@ to 16 (32 causal); ncu put 13x cuDNN's local-memory loads on the shipped kernel 
 """
 import argparse
 import itertools
-import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_common import alternating_rounds, launch_with  # noqa: E402  (puts the checkout on sys.path)
 
 import torch  # noqa: E402
 
@@ -22,26 +22,10 @@ import kernels.flash_gluon as G  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
 from pp64_bwd import _inputs, _reference  # noqa: E402  (inputs and the float64 reference are pp64's)
 
-
-def _backward_with(at_use: bool):
-    """G.gluon_backward (same arguments) with `_bwd_kernel` launched with STATS_AT_USE=at_use, whatever the shipped
-    choice (G.BWD_STATS_AT_USE_HEAD_DIMS, which since this experiment has head dim 128)."""
-    def backward(*args, **kw) -> None:
-        real = G.launch
-
-        def launch(kernel, grid, launch_args, consts):
-            real(kernel, grid, launch_args, dict(consts, STATS_AT_USE=at_use) if kernel is G._bwd_kernel else consts)
-
-        G.launch = launch
-        try:
-            G.gluon_backward(*args, **kw)
-        finally:
-            G.launch = real
-    return backward
-
-
-shipped_backward = _backward_with(False)  # "shipped": the form shipped when this experiment ran
-stats_at_use_backward = _backward_with(True)
+# G.gluon_backward with `_bwd_kernel` launched with STATS_AT_USE off ("shipped": the form shipped when this
+# experiment ran) and on, whatever the shipped choice (G.BWD_STATS_AT_USE_HEAD_DIMS, which since has head dim 128)
+shipped_backward = launch_with(G.gluon_backward, (G._bwd_kernel,), dict(STATS_AT_USE=False))
+stats_at_use_backward = launch_with(G.gluon_backward, (G._bwd_kernel,), dict(STATS_AT_USE=True))
 
 
 def compile_report():
@@ -108,19 +92,6 @@ def bench(head_dims, seqlens, rounds):
                "at_use": lambda: _run(stats_at_use_backward, args, causal),
                "cudnn": lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)}
         print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: {alternating_rounds(fns, rounds)}", flush=True)
-
-
-def alternating_rounds(fns: dict, rounds: int) -> str:
-    """Each of fns (name -> call, one named "shipped") timed by do_bench in turn, `rounds` times, the order flipped
-    each round: "name median-ms (shipped's time / its time)" for each (also ../gluon_fwd_turns/ab.py)."""
-    import triton.testing
-
-    times = {n: [] for n in fns}
-    for r in range(rounds):
-        for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            times[n].append(triton.testing.do_bench(fns[n], rep=60))
-    base = statistics.median(times["shipped"])
-    return " ".join(f"{n} {statistics.median(t):.3f} ({base / statistics.median(t):.3f}x)" for n, t in times.items())
 
 
 if __name__ == "__main__":

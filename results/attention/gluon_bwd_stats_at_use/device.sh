@@ -1,13 +1,5 @@
 #!/bin/bash
-# The stats-at-use experiment's device call (one H100, ~3-4 minutes), repo root:
+# The stats-at-use experiment's device call (one H100, ~3-4 minutes), repo root: both forms checked, then timed
+# (writes gpu.txt, check_h100.txt, bench_h100.txt)
 #   bash results/attention/gluon_bwd_stats_at_use/device.sh
-# writes gpu.txt, check_h100.txt and bench_h100.txt to $OUT; the bench runs only if every check case passes.
-set -u -o pipefail
-export FLASH_AUTOTUNE=0 PYTHONUNBUFFERED=1
-D=results/attention/gluon_bwd_stats_at_use
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  git log -1 --format=%h 2>/dev/null; date -u; } | tee $OUT/gpu.txt
-timeout 200 python $D/ab.py check 2>&1 | tee $OUT/check_h100.txt | tail -3
-grep -q "^all ok" $OUT/check_h100.txt || { echo "check failed: no bench"; exit 1; }
-timeout 330 python $D/ab.py bench --rounds 5 2>&1 | tee $OUT/bench_h100.txt
+FLASH_AUTOTUNE=0 exec bash results/attention/ab_device.sh results/attention/gluon_bwd_stats_at_use "" "" "--rounds 5"

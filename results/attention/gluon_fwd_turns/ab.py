@@ -9,28 +9,16 @@ measured at ea13121, not kept).
     python results/attention/gluon_fwd_turns/ab.py bench     # GPU: the forward alone, every form and cuDNN's
 """
 import argparse
-import importlib.util
 import itertools
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_common import alternating_rounds, launch_with  # noqa: E402  (puts the checkout on sys.path)
 
 import torch  # noqa: E402
 
 import kernels.flash_gluon as G  # noqa: E402
-
-
-def _stats_at_use_ab():
-    """../gluon_bwd_stats_at_use/ab.py, loaded by path: another script of that name (this one) may be `ab` here."""
-    path = Path(__file__).resolve().parents[1] / "gluon_bwd_stats_at_use" / "ab.py"
-    spec = importlib.util.spec_from_file_location("stats_at_use_ab", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-alternating_rounds = _stats_at_use_ab().alternating_rounds  # the timing loop is the backward experiment's
 
 
 def forms(head_dim: int) -> dict:
@@ -41,25 +29,14 @@ def forms(head_dim: int) -> dict:
     # every form names both flags: the launcher's own choice (FWD_EXP_TURNS, FWD_KEYS_DOWN) must not leak into them
     return {"shipped": dict(EXP_TURNS=False, KEYS_DOWN=False), "turns": dict(EXP_TURNS=True, KEYS_DOWN=False),
             # the third step (prepared in session 38): the key tiles in descending order, with and without turns
-            # (since session 39's fourth step the loop's tiles are unmasked at compile time with KEYS_DOWN; the branching
-            # form, and PEEL_MASK, which chose between them, are at 7ae0298)
+            # (since session 39's fourth step the loop's tiles are unmasked at compile time with KEYS_DOWN; the
+            # branching form, and PEEL_MASK, which chose between them, are at 7ae0298)
             "keys_down": dict(EXP_TURNS=False, KEYS_DOWN=True), "keys_down_turns": dict(EXP_TURNS=True, KEYS_DOWN=True)}
 
 
 def forward_with(flags: dict):
     """G.gluon_forward (same arguments) with `_fwd_kernel` launched with these constexprs."""
-    def forward(*args, **kw) -> None:
-        real = G.launch
-
-        def launch(kernel, grid, launch_args, consts):
-            real(kernel, grid, launch_args, dict(consts, **flags) if kernel is G._fwd_kernel else consts)
-
-        G.launch = launch
-        try:
-            G.gluon_forward(*args, **kw)
-        finally:
-            G.launch = real
-    return forward
+    return launch_with(G.gluon_forward, (G._fwd_kernel,), flags)
 
 
 def compile_report():
@@ -110,10 +87,11 @@ def _reference(q, k, v, causal):
     return (torch.softmax(s, -1) @ vd).transpose(1, 2), lse * G.LOG2E
 
 
-def check(head_dims=(64, 128)):
+def check(head_dims=(64, 128), forms_of=forms):
     """Head dims 64 and 128, 1K and 2K tokens, both masks, the default grid, 7 programs (each then runs many
-    items, so the deferred wait crosses items) and, causal, one query tile a program (the grid past 8K tokens): O within 2x the shipped form's error against float64, and O and LSE
-    bit-identical to the shipped form's (the same arithmetic in the same order) except with KEYS_DOWN."""
+    items, so the deferred wait crosses items) and, causal, one query tile a program (the grid past 8K tokens):
+    every form of forms_of(head dim) within 2x the "shipped" form's error against float64, and its O and LSE
+    bit-identical to the shipped form's (the same arithmetic in the same order) unless it sets KEYS_DOWN."""
     bad = 0
     for head_dim, seqlen, causal, programs in itertools.product(head_dims, (1024, 2048), (False, True),
                                                                 (None, 7, "per-tile")):
@@ -123,32 +101,34 @@ def check(head_dims=(64, 128)):
         per_tile, programs = programs == "per-tile", (None if programs == "per-tile" else programs)
         saved = G.PERSISTENT_CAUSAL_UP_TO
         G.PERSISTENT_CAUSAL_UP_TO = 0 if per_tile else saved
-        q, k, v = _inputs(2, seqlen, 4, head_dim)
-        ref_o, ref_lse = _reference(q, k, v, causal)
-        fs = forms(head_dim)
-        base_o, base_lse = _run(forward_with(fs["shipped"]), q, k, v, causal, programs=programs)
-        base_err = ((base_o.double() - ref_o).abs().max() / ref_o.abs().max()).item()
-        line = []
-        for name, flags in fs.items():
-            if name == "shipped":
-                continue
-            o, lse = _run(forward_with(flags), q, k, v, causal, programs=programs)
-            err = ((o.double() - ref_o).abs().max() / ref_o.abs().max()).item()
-            lse_err = (lse.double() - ref_lse).abs().max().item()
-            same = torch.equal(o, base_o) and torch.equal(lse, base_lse)
-            # descending keys sum in another order: not bit-identical, only as close to float64
-            ok = err <= 2 * base_err + 1e-3 and err < 2e-2 and lse_err < 1e-2 and (same or flags.get("KEYS_DOWN"))
-            bad += not ok
-            line.append(f"{name} err {err:.2e} lse {lse_err:.1e} bit-identical {same} {'ok' if ok else 'BAD'}")
-        G.PERSISTENT_CAUSAL_UP_TO = saved
+        try:
+            q, k, v = _inputs(2, seqlen, 4, head_dim)
+            ref_o, ref_lse = _reference(q, k, v, causal)
+            fs = forms_of(head_dim)
+            base_o, base_lse = _run(forward_with(fs["shipped"]), q, k, v, causal, programs=programs)
+            base_err = ((base_o.double() - ref_o).abs().max() / ref_o.abs().max()).item()
+            line = []
+            for name, flags in fs.items():
+                if name == "shipped":
+                    continue
+                o, lse = _run(forward_with(flags), q, k, v, causal, programs=programs)
+                err = ((o.double() - ref_o).abs().max() / ref_o.abs().max()).item()
+                lse_err = (lse.double() - ref_lse).abs().max().item()
+                same = torch.equal(o, base_o) and torch.equal(lse, base_lse)
+                # descending keys sum in another order: not bit-identical, only as close to float64
+                ok = err <= 2 * base_err + 1e-3 and err < 2e-2 and lse_err < 1e-2 and (same or flags.get("KEYS_DOWN"))
+                bad += not ok
+                line.append(f"{name} err {err:.2e} lse {lse_err:.1e} bit-identical {same} {'ok' if ok else 'BAD'}")
+        finally:
+            G.PERSISTENT_CAUSAL_UP_TO = saved
         print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d} programs {'per tile' if per_tile else programs}: "
               f"shipped err {base_err:.2e}; " + "; ".join(line), flush=True)
     print("all ok" if not bad else f"{bad} BAD")
 
 
-def bench(head_dims, seqlens, rounds, masks=(False, True)):
-    """The forward alone, every form and cuDNN's, in alternating rounds (the order flips each round); 16K tokens a
-    batch, heads x head dim = 2048."""
+def bench(head_dims, seqlens, rounds, masks=(False, True), forms_of=forms):
+    """The forward alone, every form of forms_of(head dim) and cuDNN's, in alternating rounds (the order flips each
+    round); 16K tokens a batch, heads x head dim = 2048."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     print(f"forward ms, median of {rounds} alternating rounds of do_bench; 16K tokens, heads x head dim 2048, bf16")
@@ -164,7 +144,7 @@ def bench(head_dims, seqlens, rounds, masks=(False, True)):
                 torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
         fns = {name: (lambda f=forward_with(flags): f(q, k, v, o, lse, scale, causal))
-               for name, flags in forms(head_dim).items()}
+               for name, flags in forms_of(head_dim).items()}
         fns["cudnn"] = cudnn
         print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: {alternating_rounds(fns, rounds)}", flush=True)
 

@@ -1,13 +1,7 @@
 #!/bin/bash
-# Session 39's fifth call (one H100, ~3 minutes), repo root: the shipped loop without the mask branch under
-# KEYS_DOWN, checked and timed causal at head dims 64 and 128 (is KEYS_DOWN now worth it at 128 too?)
+# Session 39's fifth call (one H100, ~3 minutes), repo root: every form checked at head dims 64 and 128, then the
+# causal forms timed (writes gpu_peeled.txt, check_peeled_h100.txt, bench_peeled_h100.txt). The same call ran as
+# device_keys_down.sh before the key loop lost its mask branch (`git show d6069fd:results/attention/gluon_fwd_turns/
+# device_keys_down.sh`), and the PEEL_MASK forms' as device_peel.sh at 7ae0298.
 #   bash results/attention/gluon_fwd_turns/device_peeled.sh
-set -u -o pipefail
-export PYTHONUNBUFFERED=1
-D=results/attention/gluon_fwd_turns
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  date -u; } | tee $OUT/gpu_peeled.txt
-timeout 200 python $D/ab.py check 2>&1 | tee $OUT/check_peeled_h100.txt | tail -2
-grep -q "^all ok" $OUT/check_peeled_h100.txt || { echo "check failed: no bench"; exit 1; }
-timeout 300 python $D/ab.py bench --causal-only --rounds 5 2>&1 | tee $OUT/bench_peeled_h100.txt
+exec bash results/attention/ab_device.sh results/attention/gluon_fwd_turns _peeled "" "--causal-only --rounds 5"

@@ -15,13 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-from _common import capture_graph, repo_root  # noqa: E402
-
-repo_root()  # the checkout on sys.path: kernels below
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_common import eager_and_graphed  # noqa: E402  (puts the checkout on sys.path)
 
 import torch  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
 
 import kernels.flash as F  # noqa: E402
 import kernels.flash_gluon as G  # noqa: E402
@@ -57,15 +54,7 @@ def main():
         fwd = lambda: F._flash_fwd(q, k, v, scale, True, 0.0, False, None, None, n, n)  # noqa: E731
         fwdbwd = lambda: F.flash_attn_func(q, k, v, causal=True).backward(do)  # noqa: E731
         for what, step in (("fwd", fwd), ("fwdbwd", fwdbwd)):
-            fns = {form: under(form, step) for form in FORMS}
-            graphs = {form: capture_graph(fn, (q, k, v)) for form, fn in fns.items()}
-            times = {f"{form}_{mode}": [] for form in fns for mode in ("eager", "graphed")}
-            for r in range(3):
-                for form in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                    times[f"{form}_eager"].append(do_bench(fns[form], warmup=25, rep=40, return_mode="median"))
-                    times[f"{form}_graphed"].append(do_bench(graphs[form].replay, warmup=10, rep=40,
-                                                             return_mode="median"))
-            med = {name: sorted(t)[1] for name, t in times.items()}
+            med, times = eager_and_graphed({form: under(form, step) for form in FORMS}, (q, k, v))
             print(json.dumps(dict(batch=b, seqlen=n, heads=h, what=what, ms={k_: round(v_, 4) for k_, v_ in med.items()},
                                   down_vs_triton={mode: round(med[f"triton_{mode}"] / med[f"down_{mode}"], 3)
                                                   for mode in ("eager", "graphed")},
