@@ -81,6 +81,23 @@ FWD_EXP_TURNS = {(64, False)}
 # 64 causal: 1.12x at 1K, 1.02-1.04x at 2K-16K, 0.99-1.03x cuDNN's forward from 2K in the same rounds; head dim 128
 # causal 0.95-1.00x.
 FWD_KEYS_DOWN = {(64, True)}
+# (head dim, causal) whose consumers pass their turns through two hardware named barriers rather than two mbarriers
+# (`_consumer`'s NAMED_TURNS): an mbarrier arrive from a warpgroup is a warpgroup-wide bar.sync and one elected
+# thread's arrive, a bar.arrive blocks no one. The forward alone on one H100 against mbarrier turns, two runs of 5 and 9
+# alternating rounds (results/attention/gluon_fwd_named/bench_h100.txt, bench2_h100.txt): head dim 128 1.000-1.018x
+# at all 14 points (1K-16K, either mask); head dim 64 non-causal 0.97-0.98x, causal 0.99-1.01x.
+FWD_NAMED_TURNS = {(128, False), (128, True)}
+# (head dim, causal) whose diagonal tile's mask tests the tile's own column index (`_softmax_step`'s MASK_REL), with
+# fewer integer instructions (static SASS at head dim 64 causal 4296 -> 4032). Same runs: head dim 64 causal
+# 1.006-1.028x at 1K-16K in the first, 0.999-1.017x at 2K-16K in the second; head dim 128 causal, whose key loop
+# carries the masked branch, 0.974-0.977x at 16K in both.
+FWD_MASK_REL = {(64, True)}
+
+
+def fwd_forms(head_dim: int, causal: bool) -> dict:
+    """The forward kernel's form constexprs at (head dim, causal), from the four sets above."""
+    return dict(EXP_TURNS=(head_dim, causal) in FWD_EXP_TURNS, KEYS_DOWN=(head_dim, causal) in FWD_KEYS_DOWN,
+                NAMED_TURNS=(head_dim, causal) in FWD_NAMED_TURNS, MASK_REL=(head_dim, causal) in FWD_MASK_REL)
 
 
 def fwd_persistent(head_dim: int, seqlen: int, causal: bool) -> bool:
@@ -134,7 +151,7 @@ def _named_barrier_asm(op, barrier):
 @gluon.jit
 def _named_barrier(ID: gl.constexpr, SYNC: gl.constexpr):
     """bar.sync (SYNC) or bar.arrive on hardware barrier 14 + ID for 256 threads: the two consumer warpgroups, one
-    waiting, the other passing (NAMED_TURNS, session 39's experiment). One element a thread, so the asm runs once a
+    waiting, the other passing (NAMED_TURNS). One element a thread, so the asm runs once a
     thread; not pure, so it stays where it is."""
     one = gl.full([128], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0]))
     gl.inline_asm_elementwise(_named_barrier_asm("bar.sync" if SYNC else "bar.arrive", 14 + ID), "=r,r", [one],
@@ -168,7 +185,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, start_n, rows, MASK: gl.constexpr, s_la
     EXP_TURNS the exponentials run in this consumer's turn (my_turn's phase `phase`, or with NAMED consumer W's
     hardware barrier), which it then passes on. MASK_REL: see `_consumer`."""
     if MASK:  # the tile crosses the diagonal: key j is visible to query i iff j <= i
-        if MASK_REL:  # the same test against the tile's own column index (session 39's experiment): fewer integer ops
+        if MASK_REL:  # the same test against the tile's own column index (FWD_MASK_REL): fewer integer instructions
             cols = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
             s = gl.where(cols[None, :] <= (rows - start_n)[:, None], s, float("-inf"))
         else:
@@ -322,9 +339,9 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     EXP_TURNS (FWD_EXP_TURNS): the turns order the softmax's exponentials instead of the wgmma issues, so that the
     two consumers' exponentials never share the SM's exp units (cuDNN's order, read from its SASS). KEYS_DOWN
     (FWD_KEYS_DOWN): the key tiles in descending order, so that a causal item's one masked tile is its round 0 and the
-    loop's rounds are unmasked at compile time (FlashAttention-3's order). NAMED_TURNS (session 39's experiment,
-    results/attention/gluon_fwd_named/, not run): the turns through hardware named barriers instead of mbarriers.
-    MASK_REL (the same experiment's second): the diagonal tile's mask against the tile's own column index."""
+    loop's rounds are unmasked at compile time (FlashAttention-3's order). NAMED_TURNS (FWD_NAMED_TURNS): the turns
+    through hardware named barriers instead of mbarriers. MASK_REL (FWD_MASK_REL): the diagonal tile's mask against the
+    tile's own column index."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
     # with KEYS_DOWN (BLOCK_N == BLOCK_M) an item's one masked tile is its round 0, so rounds 1 .. n-1 are unmasked at
@@ -562,8 +579,7 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
             launch_head_group(seqlen, causal)),
            dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
                 IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS,
-                EXP_TURNS=(head_dim, causal) in FWD_EXP_TURNS, KEYS_DOWN=(head_dim, causal) in FWD_KEYS_DOWN,
-                num_warps=4))
+                num_warps=4, **fwd_forms(head_dim, causal)))
 
 
 # ---------------------------------------------------------------------------------------------------

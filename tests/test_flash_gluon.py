@@ -122,8 +122,7 @@ def test_head_tiles_equals_a_checked_descriptor():
 
 def _compile_gluon_sm90(dtype: str, causal: bool, head_dim: int = 128) -> dict:
     """resources(kernels.flash_gluon._fwd_kernel) for sm_90, with the launcher's constexprs and descriptor types
-    (causal: the pairs of the persistent grid where it runs at short lengths; EXP_TURNS and KEYS_DOWN where
-    FWD_EXP_TURNS and FWD_KEYS_DOWN have them)."""
+    (causal: the pairs of the persistent grid where it runs at short lengths; the forms of fwd_forms)."""
     import kernels.flash_gluon as G
 
     block_m, block_n, stages, q_buffers = G.FWD_TILES[head_dim]
@@ -133,7 +132,7 @@ def _compile_gluon_sm90(dtype: str, causal: bool, head_dim: int = 128) -> dict:
              f"desc = lambda r: R.tensordesc('{_SHORT[dtype]}', [r, {head_dim}], lay(r))")
     consts = (f"dict(HEAD_DIM={head_dim}, BLOCK_M={block_m}, BLOCK_N={block_n}, STAGES={stages}, "
               f"Q_BUFFERS={q_buffers}, IS_CAUSAL={causal}, PAIRED={paired}, CONSUMER_REGS=G.CONSUMER_REGS, "
-              f"EXP_TURNS={(head_dim, causal) in G.FWD_EXP_TURNS}, KEYS_DOWN={(head_dim, causal) in G.FWD_KEYS_DOWN})")
+              f"**G.fwd_forms({head_dim}, {causal}))")
     types = (f"dict(q_desc=desc({block_m // 2}), o_desc=desc({block_m // 2}), k_desc=desc({block_n}), "
              f"v_desc=desc({block_n}))")
     return compile_sm90("G._fwd_kernel", consts, 4, stages, setup, types)
