@@ -383,13 +383,10 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             if not EXP_TURNS:
                 _turn_pass(other_turn, W, NAMED_TURNS)
             s = warpgroup_mma_wait(0, (s_tok,))
-            if KEYS_DOWN:  # round 0 is the diagonal tile: masked under causal, known at compile time
-                p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, (n_tiles - 1) * BLOCK_N, rows, IS_CAUSAL,
-                                                   s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W, NAMED_TURNS,
-                                                   MASK_REL)
-            else:
-                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, 0, rows, n_full == 0, IS_CAUSAL, s_layout,
-                                                   my_turn, other_turn, tc & 1, EXP_TURNS, W, NAMED_TURNS, MASK_REL)
+            kt0 = n_tiles - 1 if KEYS_DOWN else 0
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
+                                               s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
+                                               NAMED_TURNS, MASK_REL)
             if EXP_TURNS:
                 tc += 1
             p_op = gl.convert_layout(p.to(dtype), p_layout)
