@@ -1264,7 +1264,7 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
     if warp_spec is None and _gluon_unsupported(q, k, v, causal, dropout_p, varlen, out_dtype) is None:
         from kernels.flash_gluon import gluon_forward
 
-        gluon_forward(q, k, v, o, lse, softmax_scale * LOG2E, causal)
+        gluon_forward(q, k, v, o, lse, softmax_scale * LOG2E, causal, dropout_p=dropout_p, seed=seed)
         return o, lse, seed
     slb, slh = lse_strides(lse, varlen)
     thresh, drop_scale = _drop_consts(dropout_p)

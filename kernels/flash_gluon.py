@@ -52,7 +52,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.flash import LOG2E
+from kernels.flash import LOG2E, _drop_consts
+from kernels.gluon_dropout import keep_rows
 from kernels.launch import launch
 
 # (BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS) per head dim: at 128 the fastest of the prototype's tiles at every benchmarked
@@ -92,6 +93,10 @@ FWD_NAMED_TURNS = {(128, False), (128, True)}
 # 1.006-1.028x at 1K-16K in the first, 0.999-1.017x at 2K-16K in the second; head dim 128 causal, whose key loop
 # carries the masked branch, 0.974-0.977x at 16K in both.
 FWD_MASK_REL = {(64, True)}
+
+# Head dims whose forward takes dropout (kernels/gluon_dropout.py's mask, drawn in the scores' registers). At 128 the
+# Philox rounds beside the 64-column O made the consumers spill (16 bytes non-causal, 136 causal, sm_90 compile).
+FWD_DROPOUT_HEAD_DIMS = (64,)
 
 
 def fwd_forms(head_dim: int, causal: bool) -> dict:
@@ -329,10 +334,12 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
 
 @gluon.jit
 def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-              turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M: gl.constexpr,
+              turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
+              BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
-              KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False, MASK_REL: gl.constexpr = False):
+              KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False, MASK_REL: gl.constexpr = False,
+              HAS_DROPOUT: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -341,7 +348,8 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     (FWD_KEYS_DOWN): the key tiles in descending order, so that a causal item's one masked tile is its round 0 and the
     loop's rounds are unmasked at compile time (FlashAttention-3's order). NAMED_TURNS (FWD_NAMED_TURNS): the turns
     through hardware named barriers instead of mbarriers. MASK_REL (FWD_MASK_REL): the diagonal tile's mask against the
-    tile's own column index."""
+    tile's own column index. HAS_DROPOUT: P's dropped scores are left out of O but kept in the row sums, as
+    kernels.flash's forward does, with its mask (kernels/gluon_dropout.py), and O is scaled by drop_scale."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
     # with KEYS_DOWN (BLOCK_N == BLOCK_M) an item's one masked tile is its round 0, so rounds 1 .. n-1 are unmasked at
@@ -357,6 +365,10 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     it = 0
     g = 0  # the ring position of this item's first K/V tile
     tc = 0  # waits on my_turn so far: its parity is the phase to wait for
+    if HAS_DROPOUT:
+        seed = gl.load(SEED)
+    else:
+        seed = 0
     if NAMED_TURNS:
         if W == 1:
             _named_barrier(0, False)  # consumer 0 goes first
@@ -389,6 +401,9 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                                                NAMED_TURNS, MASK_REL)
             if EXP_TURNS:
                 tc += 1
+            if HAS_DROPOUT:
+                p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                                       BLOCK_N, 4), p, 0.0)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
             # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
@@ -413,6 +428,9 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                                                    NAMED_TURNS, MASK_REL)
                 if EXP_TURNS:
                     tc += 1
+                if HAS_DROPOUT:  # drawn while P(j-1) V(j-1) runs
+                    p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                                           BLOCK_N, 4), p, 0.0)
                 acc = warpgroup_mma_wait(0, (acc_tok,))
                 mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -431,7 +449,10 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             acc = warpgroup_mma_wait(0, (acc_tok,))
             mbarrier.arrive(kv_empty.index(last))
 
-            acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+            if HAS_DROPOUT:
+                acc = acc * gl.convert_layout(drop_scale / l_i, gl.SliceLayout(1, o_layout))[:, None]
+            else:
+                acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
             my_q.store(acc.to(dtype))  # this Q buffer is no longer read: it takes O on the way out
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [q_row0 + W * SUB_M, q_col], my_q)
@@ -443,11 +464,12 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 
 
 @gluon.jit
-def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group,
+def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group, SEED,
+                drop_thresh, drop_scale,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False,
-                MASK_REL: gl.constexpr = False):
+                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM
@@ -481,11 +503,13 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
     # tensors on the way into the partitions. Each consumer's index goes in as a constexpr, one `_consumer` per index
     gl.warp_specialize([
         (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, NAMED_TURNS, MASK_REL)),
+                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
+                      BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
+                      NAMED_TURNS, MASK_REL, HAS_DROPOUT)),
         (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                      Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN, NAMED_TURNS, MASK_REL)),
+                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
+                      BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
+                      NAMED_TURNS, MASK_REL, HAS_DROPOUT)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
                    PAIRED, KEYS_DOWN))],
@@ -495,14 +519,16 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
-def _scope_problem(q, k, causal: bool, dropout_p: float, varlen: bool, min_seqlen: int) -> str | None:
-    """What both kernels need of self-attention inputs beyond the head dim, or None: dense fp16/bf16 without dropout,
-    seqlen_q == seqlen_k a multiple of 128 (every tile divides it), at least min_seqlen."""
+def _scope_problem(q, k, causal: bool, dropout_p: float, varlen: bool, min_seqlen: int,
+                   takes_dropout: bool = False) -> str | None:
+    """What both kernels need of self-attention inputs beyond the head dim, or None: dense fp16/bf16, dropout only
+    where the kernel takes_dropout, seqlen_q == seqlen_k a multiple of 128 (every tile divides it), at least
+    min_seqlen."""
     seqlen = q.shape[1]
     if varlen:
         return "varlen"
-    if dropout_p > 0:
-        return "dropout"
+    if dropout_p > 0 and not takes_dropout:
+        return f"dropout at head dim {q.shape[-1]}"
     if q.dtype not in _GL_DTYPES:
         return f"{q.dtype}"
     if seqlen != k.shape[1]:
@@ -519,7 +545,8 @@ def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | 
     head_dim = q.shape[-1]
     if head_dim not in FWD_TILES:
         return f"head dim {head_dim}, not one of {sorted(FWD_TILES)}"
-    return _scope_problem(q, k, causal, dropout_p, varlen, MIN_SEQLEN[head_dim, causal])
+    return _scope_problem(q, k, causal, dropout_p, varlen, MIN_SEQLEN[head_dim, causal],
+                          head_dim in FWD_DROPOUT_HEAD_DIMS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -558,15 +585,20 @@ def _grid(n_tiles: int, n_bh: int, paired: bool, persistent: bool, programs: int
     return (min(units, programs or units),)
 
 
-def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int | None = None) -> None:
+def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int | None = None,
+                  dropout_p: float = 0.0, seed: torch.Tensor | None = None) -> None:
     """Fill o (batch, seqlen, nheads, head_dim), contiguous, and lse (batch, nheads, seqlen) float32, contiguous, with
     the attention of q, k, v; qk_scale = softmax scale * log2(e) (the LSE is base 2). The caller has checked
     `unsupported` and the TMA layout of q, k, v (kernels.flash._ws_layout_problem). programs: at most this many
-    programs (tests: each then runs many work units), else one a SM where `fwd_persistent`, one a unit elsewhere."""
+    programs (tests: each then runs many work units), else one a SM where `fwd_persistent`, one a unit elsewhere.
+    dropout_p > 0: kernels.flash's dropout with the mask of `seed` (kernels.flash.draw_dropout_seed)."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (o.is_contiguous() and lse.is_contiguous() and o.dtype == q.dtype
             and lse.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_forward: o must be contiguous in q's dtype and lse contiguous (batch, nheads, seqlen)")
+    if dropout_p > 0 and (seed is None or seed.dtype != torch.int64 or seed.numel() != 1):
+        raise ValueError("gluon_forward: dropout needs its seed, one int64 (kernels.flash.draw_dropout_seed)")
+    thresh, drop_scale = _drop_consts(dropout_p)
     block_m, block_n, stages, q_buffers = FWD_TILES[head_dim]
     persistent = fwd_persistent(head_dim, seqlen, causal)
     paired = causal and persistent
@@ -576,9 +608,9 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
     launch(_fwd_kernel, grid,
            (head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
             head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, batch * nheads, nheads // k.shape[2], qk_scale,
-            launch_head_group(seqlen, causal)),
+            launch_head_group(seqlen, causal), seed if dropout_p > 0 else lse, thresh, drop_scale),
            dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
-                IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS,
+                IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
                 num_warps=4, **fwd_forms(head_dim, causal)))
 
 

@@ -66,7 +66,9 @@ def test_gluon_scope(as_if_sm90, monkeypatch):
     }
     for words, args in cases.items():
         assert words in _why(*args), words
-    assert "dropout" in _why(q, k, v, dropout_p=0.1)
+    assert "dropout at head dim 128" in _why(q, k, v, dropout_p=0.1)  # FWD_DROPOUT_HEAD_DIMS: 64 only
+    gpt2 = _qkv(1, 1024, 1024, 12, 12, 64)
+    assert _why(*gpt2, causal=True, dropout_p=0.1) is None and _why(*gpt2, dropout_p=0.1) is None
     assert "varlen" in _why(q[0], k[0], v[0], varlen=True)
     assert "output dtype" in _why(q, k, v, out_dtype=torch.float32)
     assert _why(q, k, v, out_dtype=torch.bfloat16) is None
@@ -84,22 +86,27 @@ def test_gluon_never_on_this_platform_without_sm90():
 
 
 def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkeypatch):
-    """`_flash_fwd` gives the Gluon forward q, k, v, fresh O and LSE and scale * log2(e), and returns what it
-    wrote; forced kernel choices (warp_spec True / False, as tests and A/Bs ask) never reach it."""
+    """`_flash_fwd` gives the Gluon forward q, k, v, fresh O and LSE and scale * log2(e), with dropout the rate and
+    the seed it returns (the backward's mask), and returns what it wrote; forced kernel choices (warp_spec True /
+    False, as tests and A/Bs ask) never reach it."""
     from kernels import flash_gluon
 
     calls = []
 
-    def fake(q, k, v, o, lse, qk_scale, causal):
-        calls.append((qk_scale, causal, o.shape, o.dtype, lse.shape))
+    def fake(q, k, v, o, lse, qk_scale, causal, dropout_p, seed):
+        calls.append((qk_scale, causal, o.shape, o.dtype, lse.shape, dropout_p, seed))
         o.fill_(1.0)
         lse.fill_(2.0)
 
     monkeypatch.setattr(flash_gluon, "gluon_forward", fake)
     q, k, v = _qkv(2, 256, 256, 4, 2, 128, torch.float16)
-    o, lse, _ = F._flash_fwd(q, k, v, 0.125, True, 0.0, False, None, None, 256, 256)
-    assert calls == [(0.125 * F.LOG2E, True, q.shape, q.dtype, (2, 4, 256))]
+    o, lse, seed = F._flash_fwd(q, k, v, 0.125, True, 0.0, False, None, None, 256, 256)
+    assert calls == [(0.125 * F.LOG2E, True, q.shape, q.dtype, (2, 4, 256), 0.0, seed)]
     assert (o == 1).all() and (lse == 2).all()
+    q64, k64, v64 = _qkv(1, 256, 256, 2, 2, 64, torch.float16)
+    _, _, seed = F._flash_fwd(q64, k64, v64, 0.125, True, 0.1, False, None, None, 256, 256)
+    assert calls[-1][5:] == (0.1, seed) and seed.dtype == torch.int64
+    calls.pop()
     if F._interpreting():  # the forced paths launch the @triton.jit kernels, which only the interpreter runs here
         for forced in (False, True):
             F._flash_fwd(q[:1, :32].float(), k[:1, :32].float(), v[:1, :32].float(), 0.125, False, 0.0, False,
@@ -350,6 +357,31 @@ def test_gpu_gluon_matches_reference(case, dtype, any_length, monkeypatch):
 def test_gpu_gluon_head_dims_64_256_match_reference(head_dim, causal, any_length, monkeypatch):
     """The forward at head dims 64 and 256 (64-key tiles there), with the @triton.jit backward from its O and LSE."""
     _check_automatic(_qkv(2, 512, 512, 4, 2, head_dim, torch.bfloat16, "cuda"), causal, monkeypatch)
+
+
+@pytest.mark.gpu
+@gluon_gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("programs", [None, 7])
+def test_gpu_gluon_dropout_forward_matches_reference(causal, programs, any_length, monkeypatch):
+    """The Gluon forward with dropout (kernels/gluon_dropout.py draws the mask in the scores' registers), the
+    @triton.jit backward from its O and LSE, against float64 with kernels.flash.dropout_keep_mask's mask: the two
+    kernels must drop the same scores, or the gradients would not match. Grouped-query heads (the mask follows the
+    query head); 7 programs, each running many work units."""
+    from kernels import flash_gluon
+    from tests.test_flash import check_against_reference
+
+    b, n, h, hk, p = 2, 512, 4, 2, 0.2
+    q, k, v = _qkv(b, n, n, h, hk, 64, torch.bfloat16, "cuda")
+    assert _why(q, k, v, causal, dropout_p=p) is None
+    calls = []
+    forward = flash_gluon.gluon_forward
+    monkeypatch.setattr(flash_gluon, "gluon_forward",
+                        lambda *a, **kw: calls.append(kw["dropout_p"]) or forward(*a, **{**kw, "programs": programs}))
+    torch.manual_seed(5)
+    mask = F.dropout_keep_mask(F.draw_dropout_seed("cuda"), b, h, n, n, p)
+    check_against_reference(q, k, v, causal=causal, dropout_mask=mask, dropout_p=p, seed=5)
+    assert calls == [p]
 
 
 @pytest.fixture
