@@ -372,7 +372,7 @@ def test_gpu_gluon_dropout_forward_matches_reference(causal, programs, any_lengt
     from tests.test_flash import check_against_reference
 
     b, n, h, hk, p = 2, 512, 4, 2, 0.2
-    q, k, v = _qkv(b, n, n, h, hk, 64, torch.bfloat16, "cuda")
+    q, k, v = (x.requires_grad_() for x in _qkv(b, n, n, h, hk, 64, torch.bfloat16, "cuda"))
     assert _why(q, k, v, causal, dropout_p=p) is None
     calls = []
     forward = flash_gluon.gluon_forward
