@@ -464,7 +464,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
 
 
 @gluon.jit
-def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group, qk_scale, head_group, SEED,
+def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh, group, qk_scale, head_group,
                 drop_thresh, drop_scale,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -472,7 +472,8 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, seqlen, nheads, n_bh, group
                 MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
-    # persistent grid of one program a SM
+    # persistent grid of one program a SM. SEED: the dropout seed (any pointer without dropout), beside LSE because
+    # kernels/launch.py's direct path keys only tensors and descriptors followed by numbers
     dtype: gl.constexpr = q_desc.dtype
     SUB_M: gl.constexpr = BLOCK_M // 2
     n_m = seqlen // BLOCK_M
@@ -607,8 +608,8 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
     q_layout, kv_layout = _shared_layout(block_m // 2, head_dim, dtype), _shared_layout(block_n, head_dim, dtype)
     launch(_fwd_kernel, grid,
            (head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
-            head_tiles(o, block_m // 2, q_layout), lse, seqlen, nheads, batch * nheads, nheads // k.shape[2], qk_scale,
-            launch_head_group(seqlen, causal), seed if dropout_p > 0 else lse, thresh, drop_scale),
+            head_tiles(o, block_m // 2, q_layout), lse, seed if dropout_p > 0 else lse, seqlen, nheads, batch * nheads,
+            nheads // k.shape[2], qk_scale, launch_head_group(seqlen, causal), thresh, drop_scale),
            dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
                 IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
                 num_warps=4, **fwd_forms(head_dim, causal)))

@@ -114,6 +114,25 @@ def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
         assert len(calls) == 1
 
 
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_gluon_forward_launches_on_the_direct_path(dropout_p, monkeypatch):
+    """kernels/launch.py takes its direct path (no JITFunction.run from the second call) only for tensors and
+    descriptors followed by numbers: the dropout seed must sit among the tensors, with or without dropout."""
+    from kernels import flash_gluon, launch as L
+
+    seen = []
+    monkeypatch.setattr(flash_gluon, "launch", lambda kernel, grid, args, consts: seen.append((kernel, args, consts)))
+    q, k, v = _qkv(1, 256, 256, 2, 2, 64)
+    o, lse = torch.empty_like(q), torch.empty(1, 2, 256)
+    seed = torch.tensor([7], dtype=torch.int64)
+    flash_gluon.gluon_forward(q, k, v, o, lse, 0.2, True, programs=2, dropout_p=dropout_p, seed=seed)
+    (kernel, args, consts), = seen
+    assert L._layout(kernel, args) is not None and consts["HAS_DROPOUT"] == (dropout_p > 0)
+    assert any(a is seed for a in args) == (dropout_p > 0)
+    with pytest.raises(ValueError, match="needs its seed"):
+        flash_gluon.gluon_forward(q, k, v, o, lse, 0.2, True, programs=2, dropout_p=0.1, seed=None)
+
+
 def test_head_tiles_equals_a_checked_descriptor():
     """head_tiles skips TensorDescriptor's own checks (host time); what it builds must equal the checked one."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
