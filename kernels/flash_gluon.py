@@ -32,7 +32,8 @@ than building their own in every program: 1.1-1.3x at 1K-2K tokens, 1.0-1.07x fr
 by block shape and layout, so a repeated call does not go through JITFunction.run (results/attention/launch_direct/).
 
 Scope, checked by `unsupported` / `bwd_unsupported` (kernels/flash.py runs its `@triton.jit` kernels everywhere
-else): an sm_90 GPU, fp16/bf16, no dropout, no varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view
+else): an sm_90 GPU, fp16/bf16, no dropout (but in the forward at head dim 64 from FWD_DROPOUT_MIN_SEQLEN), no
+varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view
 runs one batch's rows into the next one's, so the tiles must not cross it) and at least MIN_SEQLEN /
 BWD_MIN_SEQLEN; the forward at head dims 64, 128 and 256, with grouped-query attention, the backward at 64, 128 and
 256 without it.
@@ -94,9 +95,13 @@ FWD_NAMED_TURNS = {(128, False), (128, True)}
 # carries the masked branch, 0.974-0.977x at 16K in both.
 FWD_MASK_REL = {(64, True)}
 
-# Head dims whose forward takes dropout (kernels/gluon_dropout.py's mask, drawn in the scores' registers). At 128 the
-# Philox rounds beside the 64-column O made the consumers spill (16 bytes non-causal, 136 causal, sm_90 compile).
-FWD_DROPOUT_HEAD_DIMS = (64,)
+# Shortest sequences the forward takes with dropout, per (head dim, causal): kernels/gluon_dropout.py's mask, drawn in
+# the scores' registers, puts its Philox rounds on each consumer's softmax, which the other consumer's matmuls no
+# longer hide. Against the autotuned @triton.jit forward with dropout 0.1 on one H100
+# (results/attention/gluon_fwd_dropout/ab_h100.jsonl): head dim 64 non-causal 1.05x at 1K, 1.07x at 4K; causal
+# 0.82-0.85x at 1K (GPT-2's shape included), 0.97x at 2K, 1.04x at 4K. At head dim 128 the Philox rounds beside the 64-column O
+# made the consumers spill (16 bytes non-causal, 136 causal, sm_90 compile), so it is not taken there.
+FWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 4096}
 
 
 def fwd_forms(head_dim: int, causal: bool) -> dict:
@@ -546,8 +551,12 @@ def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | 
     head_dim = q.shape[-1]
     if head_dim not in FWD_TILES:
         return f"head dim {head_dim}, not one of {sorted(FWD_TILES)}"
-    return _scope_problem(q, k, causal, dropout_p, varlen, MIN_SEQLEN[head_dim, causal],
-                          head_dim in FWD_DROPOUT_HEAD_DIMS)
+    min_seqlen = MIN_SEQLEN[head_dim, causal]
+    if dropout_p > 0:
+        if (head_dim, causal) not in FWD_DROPOUT_MIN_SEQLEN:
+            return f"dropout at head dim {head_dim}"
+        min_seqlen = max(min_seqlen, FWD_DROPOUT_MIN_SEQLEN[head_dim, causal])
+    return _scope_problem(q, k, causal, dropout_p, varlen, min_seqlen, takes_dropout=True)
 
 
 @functools.lru_cache(maxsize=None)

@@ -40,6 +40,7 @@ def any_length(monkeypatch):
     from kernels import flash_gluon
 
     monkeypatch.setattr(flash_gluon, "MIN_SEQLEN", dict.fromkeys(flash_gluon.MIN_SEQLEN, 0))
+    monkeypatch.setattr(flash_gluon, "FWD_DROPOUT_MIN_SEQLEN", dict.fromkeys(flash_gluon.FWD_DROPOUT_MIN_SEQLEN, 0))
     monkeypatch.setattr(flash_gluon, "BWD_MIN_SEQLEN", dict.fromkeys(flash_gluon.BWD_MIN_SEQLEN, 0))
 
 
@@ -66,9 +67,11 @@ def test_gluon_scope(as_if_sm90, monkeypatch):
     }
     for words, args in cases.items():
         assert words in _why(*args), words
-    assert "dropout at head dim 128" in _why(q, k, v, dropout_p=0.1)  # FWD_DROPOUT_HEAD_DIMS: 64 only
+    assert "dropout at head dim 128" in _why(q, k, v, dropout_p=0.1)  # FWD_DROPOUT_MIN_SEQLEN: 64 only
     gpt2 = _qkv(1, 1024, 1024, 12, 12, 64)
-    assert _why(*gpt2, causal=True, dropout_p=0.1) is None and _why(*gpt2, dropout_p=0.1) is None
+    assert _why(*gpt2, dropout_p=0.1) is None
+    assert "below 4096 causal" in _why(*gpt2, causal=True, dropout_p=0.1)  # where the @triton.jit forward is faster
+    assert _why(*_qkv(1, 4096, 4096, 2, 2, 64), causal=True, dropout_p=0.1) is None
     assert "varlen" in _why(q[0], k[0], v[0], varlen=True)
     assert "output dtype" in _why(q, k, v, out_dtype=torch.float32)
     assert _why(q, k, v, out_dtype=torch.bfloat16) is None
