@@ -99,8 +99,8 @@ FWD_MASK_REL = {(64, True)}
 # the scores' registers, puts its Philox rounds on each consumer's softmax, which the other consumer's matmuls no
 # longer hide. Against the autotuned @triton.jit forward with dropout 0.1 on one H100
 # (results/attention/gluon_fwd_dropout/ab_h100.jsonl): head dim 64 non-causal 1.05x at 1K, 1.07x at 4K; causal
-# 0.82-0.85x at 1K (GPT-2's shape included), 0.97x at 2K, 1.04x at 4K. At head dim 128 the Philox rounds beside the
-# 64-column O made the consumers spill (16 bytes non-causal, 136 causal, sm_90 compile), so it is not taken there.
+# 0.82-0.85x at 1K (GPT-2's shape included), 0.97x at 2K, 1.04x at 4K. At head dim 128 the Philox rounds beside the 64-column O
+# made the consumers spill (16 bytes non-causal, 136 causal, sm_90 compile), so it is not taken there.
 FWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 4096}
 
 
@@ -344,7 +344,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
               KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False, MASK_REL: gl.constexpr = False,
-              HAS_DROPOUT: gl.constexpr = False, DROP_EARLY: gl.constexpr = False):
+              HAS_DROPOUT: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -399,20 +399,16 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
             if not EXP_TURNS:
                 _turn_pass(other_turn, W, NAMED_TURNS)
-            kt0 = n_tiles - 1 if KEYS_DOWN else 0
-            if HAS_DROPOUT and DROP_EARLY:  # drawn while S(0) runs
-                keep = keep_rows(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, s_layout, SUB_M, BLOCK_N, 4)
             s = warpgroup_mma_wait(0, (s_tok,))
+            kt0 = n_tiles - 1 if KEYS_DOWN else 0
             p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
                                                s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
                                                NAMED_TURNS, MASK_REL)
             if EXP_TURNS:
                 tc += 1
             if HAS_DROPOUT:
-                if not DROP_EARLY:
-                    keep = keep_rows(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, s_layout, SUB_M,
-                                     BLOCK_N, 4)
-                p = gl.where(keep, p, 0.0)
+                p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                                       BLOCK_N, 4), p, 0.0)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
             # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
@@ -430,21 +426,16 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                 acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 if not EXP_TURNS:
                     _turn_pass(other_turn, W, NAMED_TURNS)
-                kt = n_tiles - 1 - j if KEYS_DOWN else j
-                if HAS_DROPOUT and DROP_EARLY:  # drawn while S(j) and P(j-1) V(j-1) run
-                    keep = keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
-                                     BLOCK_N, 4)
                 s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
+                kt = n_tiles - 1 - j if KEYS_DOWN else j
                 p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
                                                    LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
                                                    NAMED_TURNS, MASK_REL)
                 if EXP_TURNS:
                     tc += 1
-                if HAS_DROPOUT:
-                    if not DROP_EARLY:  # drawn while P(j-1) V(j-1) runs
-                        keep = keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
-                                         BLOCK_N, 4)
-                    p = gl.where(keep, p, 0.0)
+                if HAS_DROPOUT:  # drawn while P(j-1) V(j-1) runs
+                    p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                                           BLOCK_N, 4), p, 0.0)
                 acc = warpgroup_mma_wait(0, (acc_tok,))
                 mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -483,7 +474,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False,
-                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False, DROP_EARLY: gl.constexpr = False):
+                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM. SEED: the dropout seed (any pointer without dropout), beside LSE because
@@ -520,11 +511,11 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
         (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
-                      NAMED_TURNS, MASK_REL, HAS_DROPOUT, DROP_EARLY)),
+                      NAMED_TURNS, MASK_REL, HAS_DROPOUT)),
         (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
-                      NAMED_TURNS, MASK_REL, HAS_DROPOUT, DROP_EARLY)),
+                      NAMED_TURNS, MASK_REL, HAS_DROPOUT)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
                    n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
                    PAIRED, KEYS_DOWN))],

@@ -1,7 +1,6 @@
 """The Gluon forward with dropout (kernels/gluon_dropout.py's mask in the scores' registers) against the autotuned
 @triton.jit forward with dropout, which ran every dropout call before, and PyTorch SDPA's own choice with dropout
-(what `attn=sdpa` runs), head dim 64, p = 0.1, and the Gluon forward with its mask drawn before S's wait
-(DROP_EARLY, session 40's second run): GPT-2 small's shape (16 x 1K, 12 heads, causal) and the table's (16K
+(what `attn=sdpa` runs), head dim 64, p = 0.1: GPT-2 small's shape (16 x 1K, 12 heads, causal) and the table's (16K
 tokens a batch, 32 heads) at 1K-4K. The forward alone (kernels.flash._flash_fwd; SDPA's under no_grad), eager
 (do_bench: host included) and replayed from a CUDA graph (the device alone), three alternating rounds, median. (The
 first run also timed the autograd forward+backward; its graph capture failed, README.md.)
@@ -13,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_common import eager_and_graphed, launch_with  # noqa: E402  (puts the checkout on sys.path)
+from ab_common import eager_and_graphed  # noqa: E402  (puts the checkout on sys.path)
 
 import torch  # noqa: E402
 import torch.nn.functional as TF  # noqa: E402
@@ -54,17 +53,13 @@ def main():
             with torch.no_grad():
                 TF.scaled_dot_product_attention(qt, kt, vt, dropout_p=P, is_causal=causal)
 
-        early = launch_with(fwd, (G._fwd_kernel,), dict(DROP_EARLY=True))
-        med, times = eager_and_graphed({"triton": ours(False, fwd), "gluon": ours(True, fwd), "early": ours(True, early),
-                                        "sdpa": sdpa_fwd}, ())
+        med, times = eager_and_graphed({"triton": ours(False, fwd), "gluon": ours(True, fwd), "sdpa": sdpa_fwd}, ())
         print(json.dumps(dict(batch=b, seqlen=n, heads=h, causal=causal, what="fwd",
                               ms={k_: round(v_, 4) for k_, v_ in med.items()},
                               gluon_vs_triton={m: round(med[f"triton_{m}"] / med[f"gluon_{m}"], 3)
                                                for m in ("eager", "graphed")},
                               gluon_vs_sdpa={m: round(med[f"sdpa_{m}"] / med[f"gluon_{m}"], 3)
                                              for m in ("eager", "graphed")},
-                              early_vs_gluon={m: round(med[f"gluon_{m}"] / med[f"early_{m}"], 3)
-                                              for m in ("eager", "graphed")},
                               rounds_ms=times)), flush=True)
 
 
