@@ -99,8 +99,11 @@ FWD_MASK_REL = {(64, True)}
 # the scores' registers, puts its Philox rounds on each consumer's softmax, which the other consumer's matmuls no
 # longer hide. Against the autotuned @triton.jit forward with dropout 0.1 on one H100
 # (results/attention/gluon_fwd_dropout/ab_h100.jsonl): head dim 64 non-causal 1.05x at 1K, 1.07x at 4K; causal
-# 0.82-0.85x at 1K (GPT-2's shape included), 0.97x at 2K, 1.04x at 4K. At head dim 128 the Philox rounds beside the 64-column O
-# made the consumers spill (16 bytes non-causal, 136 causal, sm_90 compile), so it is not taken there.
+# 0.82-0.85x at 1K (GPT-2's shape included), 0.97x at 2K, 1.04x at 4K. At head dim 128 the Philox rounds beside the
+# 64-column O made the consumers spill (16 bytes non-causal, 136 causal, sm_90 compile), so it is not taken there.
+# Drawn instead by a fourth partition into shared memory, the masks ran at 0.61-0.77x this form
+# (results/attention/gluon_fwd_masker/): by count, a 128 x 128 tile's Philox rounds take about as many SM cycles
+# (IMAD at half rate) as its two matmuls, so they bound the forward wherever they run.
 FWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 4096}
 
 
@@ -338,58 +341,13 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
 
 
 @gluon.jit
-def _masker(SEED, drop_thresh, mask_smem, mask_full, mask_empty, n_m, n_bh, nheads, group, seqlen, head_group,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, MASK_STAGES: gl.constexpr,
-            IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, KEYS_DOWN: gl.constexpr):
-    """MASKER (session 40's experiment): the dropout masks of both consumers' score tiles, in their order (the K/V
-    ring's), as int8 into a MASK_STAGES-deep ring, so that the Philox rounds run beside the consumers' softmax
-    instead of in it. 4 warps, laid out as a consumer, so each thread draws what one consumer thread reads."""
-    SUB_M: gl.constexpr = BLOCK_M // 2
-    layout: gl.constexpr = _acc_layout(4, BLOCK_N)
-    seed = gl.load(SEED)
-    g = 0  # tiles so far, over all items: the ring's position, as the K/V ring's
-    for u in range(gl.program_id(0), _n_units(n_m, n_bh, PAIRED), gl.num_programs(0)):
-        bh, first, second, count = _work_unit(u, n_m, n_bh, head_group, PAIRED, IS_CAUSAL)
-        for half in range(count):
-            start_m, n_tiles, n_full, q_row0, kv_row0, q_col, kv_col = _fwd_item(
-                bh, gl.where(half == 0, first, second), nheads, group, seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
-            for j in range(n_tiles):
-                kt = n_tiles - 1 - j if KEYS_DOWN else j
-                ms = g % MASK_STAGES
-                mbarrier.wait(mask_empty.index(ms), ((g // MASK_STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1
-                for w in gl.static_range(2):
-                    keep = keep_rows(seed, bh, start_m + w * SUB_M, kt * BLOCK_N, drop_thresh, layout, SUB_M,
-                                     BLOCK_N, 4)
-                    mask_smem.index(2 * ms + w).store(keep.to(gl.int8))
-                mbarrier.arrive(mask_full.index(ms))
-                g += 1
-
-
-@gluon.jit
-def _tile_keep(seed, bh, row0, col0, drop_thresh, mask_smem, mask_full, mask_empty, gt, s_layout: gl.constexpr,
-               SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, W: gl.constexpr, MASKER: gl.constexpr,
-               MASK_STAGES: gl.constexpr):
-    """This consumer's dropout keep-mask of score tile gt (counted over all items, as the K/V ring): drawn here, or
-    with MASKER read from the masker's ring."""
-    if MASKER:
-        ms = gt % MASK_STAGES
-        mbarrier.wait(mask_full.index(ms), (gt // MASK_STAGES) & 1)
-        keep = mask_smem.index(2 * ms + W).load(s_layout) != 0
-        mbarrier.arrive(mask_empty.index(ms))
-    else:
-        keep = keep_rows(seed, bh, row0, col0, drop_thresh, s_layout, SUB_M, BLOCK_N, 4)
-    return keep
-
-
-@gluon.jit
 def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
               turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
               BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
               KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False, MASK_REL: gl.constexpr = False,
-              HAS_DROPOUT: gl.constexpr = False, mask_smem=None, mask_full=None, mask_empty=None,
-              MASKER: gl.constexpr = False, MASK_STAGES: gl.constexpr = 1):
+              HAS_DROPOUT: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -415,7 +373,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     it = 0
     g = 0  # the ring position of this item's first K/V tile
     tc = 0  # waits on my_turn so far: its parity is the phase to wait for
-    if HAS_DROPOUT and not MASKER:
+    if HAS_DROPOUT:
         seed = gl.load(SEED)
     else:
         seed = 0
@@ -452,8 +410,8 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             if EXP_TURNS:
                 tc += 1
             if HAS_DROPOUT:
-                p = gl.where(_tile_keep(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, mask_smem, mask_full,
-                                        mask_empty, g, s_layout, SUB_M, BLOCK_N, W, MASKER, MASK_STAGES), p, 0.0)
+                p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                                       BLOCK_N, 4), p, 0.0)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
 
             # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
@@ -478,10 +436,9 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                                                    NAMED_TURNS, MASK_REL)
                 if EXP_TURNS:
                     tc += 1
-                if HAS_DROPOUT:  # drawn (or read) while P(j-1) V(j-1) runs
-                    p = gl.where(_tile_keep(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, mask_smem,
-                                            mask_full, mask_empty, gj, s_layout, SUB_M, BLOCK_N, W, MASKER,
-                                            MASK_STAGES), p, 0.0)
+                if HAS_DROPOUT:  # drawn while P(j-1) V(j-1) runs
+                    p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                                           BLOCK_N, 4), p, 0.0)
                 acc = warpgroup_mma_wait(0, (acc_tok,))
                 mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -520,8 +477,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False,
-                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False, MASKER: gl.constexpr = False,
-                MASK_STAGES: gl.constexpr = 2, MASKER_REGS: gl.constexpr = 80):
+                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM. SEED: the dropout seed (any pointer without dropout), beside LSE because
@@ -550,56 +506,23 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
     # descending, a tile narrower than the query tile could be all masked for a consumer's rows on its first round:
     # a row max of -inf, and NaN after it
     gl.static_assert(not KEYS_DOWN or BLOCK_N == BLOCK_M, "KEYS_DOWN needs BLOCK_N == BLOCK_M")
-    if MASKER:  # int8 keep-masks of both consumers' score tiles, a ring of MASK_STAGES tiles
-        mask_smem = gl.allocate_shared_memory(gl.int8, [2 * MASK_STAGES, SUB_M, BLOCK_N],
-                                              gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        mask_full = gl.allocate_shared_memory(gl.int64, [MASK_STAGES, 1], mbarrier.MBarrierLayout())
-        mask_empty = gl.allocate_shared_memory(gl.int64, [MASK_STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(MASK_STAGES):
-            mbarrier.init(mask_full.index(i), count=1)
-            mbarrier.init(mask_empty.index(i), count=2)  # both consumers read a slot
-    else:
-        mask_smem = turns  # not used
-        mask_full = turns
-        mask_empty = turns
     mbarrier.arrive(turns.index(0))  # consumer 0 issues first
     fence_async_shared()
     # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
     # tensors on the way into the partitions. Each consumer's index goes in as a constexpr, one `_consumer` per index
-    if MASKER:
-        gl.warp_specialize([
-            (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                          turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
-                          BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
-                          NAMED_TURNS, MASK_REL, HAS_DROPOUT, mask_smem, mask_full, mask_empty, MASKER,
-                          MASK_STAGES)),
-            (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                          turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
-                          BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
-                          NAMED_TURNS, MASK_REL, HAS_DROPOUT, mask_smem, mask_full, mask_empty, MASKER,
-                          MASK_STAGES)),
-            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
-                       n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-                       PAIRED, KEYS_DOWN)),
-            (_masker, (SEED, drop_thresh, mask_smem, mask_full, mask_empty, n_m, n_bh, nheads, group, seqlen, head_group,
-                       BLOCK_M, BLOCK_N, HEAD_DIM, MASK_STAGES, IS_CAUSAL, PAIRED, KEYS_DOWN))],
-            [4, 1, 4], [CONSUMER_REGS, 24, MASKER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                          turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
-                          BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
-                          NAMED_TURNS, MASK_REL, HAS_DROPOUT, mask_smem, mask_full, mask_empty, MASKER,
-                          MASK_STAGES)),
-            (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                          turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
-                          BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
-                          NAMED_TURNS, MASK_REL, HAS_DROPOUT, mask_smem, mask_full, mask_empty, MASKER,
-                          MASK_STAGES)),
-            (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
-                       n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-                       PAIRED, KEYS_DOWN))],
-            [4, 1], [CONSUMER_REGS, 24])
+    gl.warp_specialize([
+        (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
+                      BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
+                      NAMED_TURNS, MASK_REL, HAS_DROPOUT)),
+        (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
+                      BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
+                      NAMED_TURNS, MASK_REL, HAS_DROPOUT)),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
+                   n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
+                   PAIRED, KEYS_DOWN))],
+        [4, 1], [CONSUMER_REGS, 24])
 
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
