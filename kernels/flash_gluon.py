@@ -103,7 +103,7 @@ FWD_MASK_REL = {(64, True)}
 # 64-column O made the consumers spill (16 bytes non-causal, 136 causal, sm_90 compile), so it is not taken there.
 # Drawn instead by a fourth partition into shared memory, the masks ran at 0.61-0.77x this form
 # (results/attention/gluon_fwd_masker/): by count, a 128 x 128 tile's Philox rounds take about as many SM cycles
-# (IMAD at half rate) as its two matmuls, so they bound the forward wherever they run.
+# (IMAD at half rate) as its two matmuls, and one warp a scheduler could not issue them fast enough.
 FWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 4096}
 
 
