@@ -1317,7 +1317,7 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     if use_gluon:
         from kernels.flash_gluon import gluon_backward
 
-        gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal)
+        gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, dropout_p=dropout_p, seed=seed)
         return dq, dk, dv
     thresh, drop_scale = _drop_consts(dropout_p)
     cu_q_arg = cu_q if varlen else lse

@@ -695,6 +695,11 @@ BWD_STATS_AT_USE_HEAD_DIMS = (128,)
 # it lost (0.87x: the Gluon launch's host time shows there), so causal starts at 1K.
 BWD_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 1024, (128, True): 1024,
                   (256, False): 512, (256, True): 1024}
+# Shortest sequences the backward takes with dropout, per (head dim, causal): `_bwd_split_kernel` (head dim 64) has
+# it, the mask drawn as in the forward and moved to S^T's layout (session 40, compiled for sm_90, not yet run on a
+# GPU: results/attention/gluon_bwd_dropout/README.md), so none until it is measured against the @triton.jit backward.
+# By count, its Philox rounds are about a third of a tile's five matmuls' SM cycles, against about one in the forward.
+BWD_DROPOUT_MIN_SEQLEN: dict = {}
 
 
 @_core.builtin
@@ -893,12 +898,15 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
 
 
 @gluon.jit
-def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
-                qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                ds_layout: gl.constexpr, STATS_AT_USE: gl.constexpr = False):
+def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads, n_bh,
+                qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+                IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
+                STATS_AT_USE: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
+    # SEED, drop_thresh, drop_scale: `_bwd_split_kernel`'s dropout, which this kernel does not take (the launcher
+    # passes both kernels one argument list)
     # Each program runs work units pid, pid + programs, ... (`_work_unit` over single key blocks), one K/V buffer
     KV_BUFFERS: gl.constexpr = 1
     PAIRED: gl.constexpr = False
@@ -951,12 +959,16 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
 @gluon.jit
 def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
               delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
-              seqlen, head_group, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+              seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem, HEAD_DIM: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+              KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, HAS_DROPOUT: gl.constexpr):
     """`_bwd_split_kernel`'s compute warpgroup W (4 warps): keys start_n + 64 W .. + 63 of each key block. Per query
     tile g (counted over all key blocks): S^T, dP^T, P^T, dV and dK for its keys, as `_bwd_tile`, with its dS^T half
-    stored to the tile's buffer b = g % 2; then, if g % 2 == W, the tile's whole dQ = dS K over both halves."""
+    stored to the tile's buffer b = g % 2; then, if g % 2 == W, the tile's whole dQ = dS K over both halves.
+    HAS_DROPOUT: kernels.flash's dropout backward with its mask (kernels/gluon_dropout.py), drawn with queries as
+    rows, where one Philox call is one thread's 8 scores, and moved to S^T's layout as int8, as kernels.flash's
+    keys-as-rows dK/dV step does: dV takes P^T with the dropped scores zeroed and the kept ones scaled, dS^T takes
+    dP^T the same way."""
     SUB_N: gl.constexpr = BLOCK_N // 2
     st_layout: gl.constexpr = _tile_layout(4, SUB_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(4, SUB_N, HEAD_DIM)
@@ -965,6 +977,12 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
     qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     st_init = gl.zeros([SUB_N, BLOCK_M], gl.float32, layout=st_layout)
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    qk_layout: gl.constexpr = _acc_layout(4, SUB_N // 2)  # (queries, keys) half tiles, one warp per 16 queries
+    keep_w = keep_smem.index(W)
+    if HAS_DROPOUT:
+        seed = gl.load(SEED)
+    else:
+        seed = 0
     it = 0
     g = 0
     for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
@@ -983,6 +1001,14 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
             mbarrier.wait(kv_ready.index(kb), (it // KV_BUFFERS) & 1)
             for i in range(lo, n_end):
                 slot = g % STAGES
+                if HAS_DROPOUT:  # drawn first, while Q_i and dO_i may still be loading, in two halves of 32 keys (a
+                    # whole tile's Philox calls at once spilled beside dK and dV), then kept in shared memory,
+                    # transposed, until used
+                    for h in gl.static_range(2):
+                        keep = keep_rows(seed, bh, i * BLOCK_M, start_w + h * (SUB_N // 2), drop_thresh, qk_layout,
+                                         BLOCK_M, SUB_N // 2, 4)
+                        keep_w.permute((1, 0)).slice(h * (SUB_N // 2), SUB_N // 2, dim=1).store(keep.to(gl.int8))
+                    gl.thread_barrier()  # this warpgroup's threads read each other's
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
                 q_s = q_smem.index(slot)
                 do_s = do_smem.index(slot)
@@ -996,8 +1022,14 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
                     if i * BLOCK_M < start_w + SUB_N:
                         queries = i * BLOCK_M + qcols
                         pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-                dv_tok = warpgroup_mma(gl.convert_layout(pt.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
+                if HAS_DROPOUT:
+                    pt_kept = gl.where(keep_w.load(st_layout) != 0, pt * drop_scale, 0.0)
+                else:
+                    pt_kept = pt
+                dv_tok = warpgroup_mma(gl.convert_layout(pt_kept.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
                 dpt = warpgroup_mma_wait(1, (dpt_tok,))
+                if HAS_DROPOUT:
+                    dpt = gl.where(keep_w.load(st_layout) != 0, dpt * drop_scale, 0.0)
                 dst = (pt * (dpt - delta)).to(q_s.dtype)
                 b = g % 2
                 # the dQ of tile g - 2 has read this dS^T buffer (a fresh barrier passes parity 1)
@@ -1037,11 +1069,11 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
 
 
 @gluon.jit
-def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, seqlen, nheads, n_bh,
-                      qk_scale, sm_scale, head_group, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                      IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr):
+def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads,
+                      n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+                      KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1056,6 +1088,9 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [4, SUB_N, BLOCK_M], ds_layout)  # [tile buffer x warpgroup half]
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
+    # with dropout, each warpgroup's keep-mask of its S^T tile (int8, keys x queries); a one-byte stand-in without
+    keep_smem = gl.allocate_shared_memory(gl.int8, [2, SUB_N, BLOCK_M] if HAS_DROPOUT else [2, 1, 1],
+                                          gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
@@ -1084,12 +1119,12 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
     gl.warp_specialize([
         (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
                       delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                      nheads, seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                      KV_BUFFERS, IS_CAUSAL, PAIRED)),
+                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
         (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
                       delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                      nheads, seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                      KV_BUFFERS, IS_CAUSAL, PAIRED)),
+                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
@@ -1121,19 +1156,30 @@ def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str |
         return f"head dim {head_dim}, not one of {BWD_HEAD_DIMS}"
     if q.shape[-2] != k.shape[-2]:
         return "grouped-query attention (dK, dV would sum over the group)"
-    return _scope_problem(q, k, causal, dropout_p, varlen, BWD_MIN_SEQLEN[head_dim, causal])
+    min_seqlen = BWD_MIN_SEQLEN[head_dim, causal]
+    if dropout_p > 0:
+        if (head_dim, causal) not in BWD_DROPOUT_MIN_SEQLEN:
+            return f"dropout at head dim {head_dim}{' causal' if causal else ''}"
+        min_seqlen = max(min_seqlen, BWD_DROPOUT_MIN_SEQLEN[head_dim, causal])
+    return _scope_problem(q, k, causal, dropout_p, varlen, min_seqlen, takes_dropout=True)
 
 
 def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool,
-                   programs: int | None = None) -> None:
+                   programs: int | None = None, dropout_p: float = 0.0, seed: torch.Tensor | None = None) -> None:
     """Fill dq, dk, dv (q's shape and dtype; any row stride TMA can write, e.g. views of one packed dqkv) with the
     gradients of softmax_scale-scaled attention of q, k, v at do; lse: the forward's base-2 log-sum-exp and delta =
     rowsum(dO * O), both (batch, nheads, seqlen) contiguous float32. The caller has checked `bwd_unsupported`, the
     TMA layout of q, k, v, do, dk, dv (kernels.flash._ws_layout_problem). programs: at most this many programs
-    (tests: each then runs many key blocks), else one a SM at BWD_SPLIT_HEAD_DIMS, one a key block elsewhere."""
+    (tests: each then runs many key blocks), else one a SM at BWD_SPLIT_HEAD_DIMS, one a key block elsewhere.
+    dropout_p > 0 (BWD_SPLIT_HEAD_DIMS only): the forward's dropout, the mask of `seed`."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
+    if dropout_p > 0 and (head_dim not in BWD_SPLIT_HEAD_DIMS or seed is None or seed.dtype != torch.int64
+                          or seed.numel() != 1):
+        raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS} and its seed, one int64 "
+                         "(kernels.flash.draw_dropout_seed)")
+    thresh, drop_scale = _drop_consts(dropout_p)
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
     split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
@@ -1143,13 +1189,14 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
     dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
     args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
-            lse, delta, seqlen, nheads, batch * nheads, softmax_scale * LOG2E, softmax_scale,
-            launch_head_group(seqlen, causal))
+            lse, delta, seed if dropout_p > 0 else lse, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
+            softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                   IS_CAUSAL=causal, ds_layout=lay["ds_layout"])
     if split:
         launch(_bwd_split_kernel, grid, args, dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal,
-                                                   CONSUMER_REGS=CONSUMER_REGS, num_warps=4))
+                                                   CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
+                                                   num_warps=4))
     else:
         launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
                                              STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS))

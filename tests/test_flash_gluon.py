@@ -217,7 +217,12 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
     for words, args in cases.items():
         assert words in _bwd_why(*args[:3], causal=len(args) > 3), words
     q, k, v = _qkv(1, 1024, 1024, 4, 4, 128)
-    assert "dropout" in _bwd_why(q, k, v, dropout_p=0.1)
+    assert "dropout at head dim 128" in _bwd_why(q, k, v, dropout_p=0.1)
+    assert "dropout at head dim 64 causal" in _bwd_why(q64, k64, v64, causal=True, dropout_p=0.1)  # not yet measured
+    from kernels import flash_gluon
+    monkeypatch.setattr(flash_gluon, "BWD_DROPOUT_MIN_SEQLEN", {(64, True): 2048})
+    assert _bwd_why(q64, k64, v64, causal=True, dropout_p=0.1) is None
+    assert "below 2048 causal" in _bwd_why(q64[:, :1024], k64[:, :1024], v64[:, :1024], causal=True, dropout_p=0.1)
     assert "varlen" in _bwd_why(q[0], k[0], v[0], varlen=True, lse=torch.empty(4, 1024))
     assert "do: heads not side by side" in _bwd_why(q, k, v, do=q.transpose(1, 2).contiguous().transpose(1, 2))
     assert "dk: " in _bwd_why(q, k, v, grads=(q, k.transpose(1, 2).contiguous().transpose(1, 2), v))
@@ -244,7 +249,7 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
 
     calls = []
 
-    def fake(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal):
+    def fake(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, dropout_p, seed):
         calls.append((softmax_scale, causal, delta.shape, dq.stride(1)))
         for i, g in enumerate((dq, dk, dv)):
             g.fill_(i + 1)
@@ -267,11 +272,13 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
         assert len(calls) == 2
 
 
-def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, patch: str = "") -> dict:
+def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, patch: str = "",
+                     dropout: bool = False) -> dict:
     """compile_sm90 of the Gluon backward kernel that gluon_backward launches at this head dim, with its tiles and
     schedule (flash_gluon.BWD_TILES; `_bwd_split_kernel`, persistent with BWD_SPLIT_KV_BUFFERS, at
     BWD_SPLIT_HEAD_DIMS, else `_bwd_kernel`), or with `tiles` (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) instead;
-    `patch`: Python run first in the compiling process with flash_gluon as G (an experiment's other layout, say)."""
+    `patch`: Python run first in the compiling process with flash_gluon as G (an experiment's other layout, say);
+    dropout: the split kernel's HAS_DROPOUT."""
     import kernels.flash_gluon as G
 
     block_m, block_n, stages, dq_stages = tiles or G.BWD_TILES[head_dim]
@@ -284,7 +291,8 @@ def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, pa
               f"DQ_STAGES={dq_stages}, IS_CAUSAL={causal}, ds_layout=lay['ds_layout'], ")
     split = head_dim in G.BWD_SPLIT_HEAD_DIMS
     if split:  # as gluon_backward launches it
-        consts += f"KV_BUFFERS=G.BWD_SPLIT_KV_BUFFERS, PAIRED={causal}, CONSUMER_REGS=G.CONSUMER_REGS)"
+        consts += (f"KV_BUFFERS=G.BWD_SPLIT_KV_BUFFERS, PAIRED={causal}, CONSUMER_REGS=G.CONSUMER_REGS, "
+                   f"HAS_DROPOUT={dropout})")
     else:
         consts += "WARPS=G.BWD_WARPS)"
     dkv_rows = block_n // 2 if split else block_n
@@ -314,16 +322,19 @@ def test_gluon_backward_compiles_for_sm90(causal):
 
 
 @needs_cuobjdump
+@pytest.mark.parametrize("dropout", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gluon_backward_at_head_dim_64_is_split_and_persistent_without_spills(causal):
+def test_gluon_backward_at_head_dim_64_is_split_and_persistent_without_spills(causal, dropout):
     """Head dim 64 as launched: `_bwd_split_kernel` on the persistent grid (pairs of key blocks under a mask) with two
-    K/V buffers and two dS^T buffers."""
+    K/V buffers and two dS^T buffers; with dropout, the mask's Philox rounds beside them."""
     import kernels.flash_gluon as G
 
     assert 64 in G.BWD_SPLIT_HEAD_DIMS and G.BWD_SPLIT_KV_BUFFERS == 2
     _, _, stages, dq_stages = G.BWD_TILES[64]
-    r = bwd_compile_sm90(64, causal)
-    assert r["stack"] == 0, r
+    r = bwd_compile_sm90(64, causal, dropout=dropout)
+    # with dropout (off by default, BWD_DROPOUT_MIN_SEQLEN) 24 / 48 bytes (non-causal / causal) in session 40's compile,
+    # whichever way its mask was drawn: to be weighed in its GPU measurement
+    assert r["stack"] <= (48 if dropout else 0), r
     # two K/V buffers (128 x 64 each), a Q / dO ring, two dS^T tiles and a float32 dQ ring within an H100's 227 KB
     tiles = (2 * 2 * 128 * 64 + 2 * stages * 64 * 64 + 2 * 128 * 64) * 2 + dq_stages * 64 * 64 * 4
     assert tiles <= r["smem"] <= 232448, r
@@ -400,6 +411,32 @@ def test_gpu_gluon_dropout_forward_matches_reference(causal, programs, any_lengt
     forward = flash_gluon.gluon_forward
     monkeypatch.setattr(flash_gluon, "gluon_forward",
                         lambda *a, **kw: calls.append(kw["dropout_p"]) or forward(*a, **{**kw, "programs": programs}))
+    torch.manual_seed(5)
+    mask = F.dropout_keep_mask(F.draw_dropout_seed("cuda"), b, h, n, n, p)
+    check_against_reference(q, k, v, causal=causal, dropout_mask=mask, dropout_p=p, seed=5)
+    assert calls == [p]
+
+
+@pytest.mark.gpu
+@gluon_gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("programs", [None, 5])
+def test_gpu_gluon_dropout_backward_matches_reference(causal, programs, any_length, monkeypatch):
+    """The split Gluon backward with dropout (off by default: BWD_DROPOUT_MIN_SEQLEN), after the Gluon forward with
+    dropout, against float64 with kernels.flash.dropout_keep_mask's mask: the backward must drop the scores the
+    forward dropped. 5 programs: each runs many key blocks (and, causal, pairs of them)."""
+    from kernels import flash_gluon
+    from tests.test_flash import check_against_reference
+
+    monkeypatch.setattr(flash_gluon, "BWD_DROPOUT_MIN_SEQLEN", {(64, False): 0, (64, True): 0})
+    b, n, h, p = 2, 512, 4, 0.2
+    q, k, v = (x.requires_grad_() for x in _qkv(b, n, n, h, h, 64, torch.bfloat16, "cuda"))
+    lse = torch.empty(b, h, n, device="cuda")
+    assert F._gluon_bwd_unsupported(q, k, v, q, lse, lse, (q, k, v), causal, p, False) is None
+    calls = []
+    backward = flash_gluon.gluon_backward
+    monkeypatch.setattr(flash_gluon, "gluon_backward",
+                        lambda *a, **kw: calls.append(kw["dropout_p"]) or backward(*a, **{**kw, "programs": programs}))
     torch.manual_seed(5)
     mask = F.dropout_keep_mask(F.draw_dropout_seed("cuda"), b, h, n, n, p)
     check_against_reference(q, k, v, causal=causal, dropout_mask=mask, dropout_p=p, seed=5)
