@@ -686,7 +686,7 @@ def test_gpu_gluon_backward_chosen_automatically(monkeypatch):
 
     calls = []
     real = flash_gluon.gluon_backward
-    monkeypatch.setattr(flash_gluon, "gluon_backward", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(flash_gluon, "gluon_backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     q, k, v = (x.requires_grad_() for x in _qkv(1, 2048, 2048, 4, 4, 128, torch.bfloat16, "cuda"))
     F.flash_attn_func(q, k, v, causal=True).sum().backward()
     assert calls == [1] and not torch.isnan(q.grad).any()
