@@ -32,8 +32,8 @@ than building their own in every program: 1.1-1.3x at 1K-2K tokens, 1.0-1.07x fr
 by block shape and layout, so a repeated call does not go through JITFunction.run (results/attention/launch_direct/).
 
 Scope, checked by `unsupported` / `bwd_unsupported` (kernels/flash.py runs its `@triton.jit` kernels everywhere
-else): an sm_90 GPU, fp16/bf16, no dropout (but in the forward at head dim 64 from FWD_DROPOUT_MIN_SEQLEN), no
-varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view
+else): an sm_90 GPU, fp16/bf16, no dropout (but at head dim 64 from FWD_DROPOUT_MIN_SEQLEN /
+BWD_DROPOUT_MIN_SEQLEN), no varlen, seqlen_q == seqlen_k, a multiple of 128 (the 2-D TMA view
 runs one batch's rows into the next one's, so the tiles must not cross it) and at least MIN_SEQLEN /
 BWD_MIN_SEQLEN; the forward at head dims 64, 128 and 256, with grouped-query attention, the backward at 64, 128 and
 256 without it.
@@ -695,11 +695,13 @@ BWD_STATS_AT_USE_HEAD_DIMS = (128,)
 # it lost (0.87x: the Gluon launch's host time shows there), so causal starts at 1K.
 BWD_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 1024, (128, True): 1024,
                   (256, False): 512, (256, True): 1024}
-# Shortest sequences the backward takes with dropout, per (head dim, causal): `_bwd_split_kernel` (head dim 64) has
-# it, the mask drawn as in the forward and moved to S^T's layout (session 40, compiled for sm_90, not yet run on a
-# GPU: results/attention/gluon_bwd_dropout/README.md), so none until it is measured against the @triton.jit backward.
-# By count, its Philox rounds are about a third of a tile's five matmuls' SM cycles, against about one in the forward.
-BWD_DROPOUT_MIN_SEQLEN: dict = {}
+# Shortest sequences the backward takes with dropout, per (head dim, causal): `_bwd_split_kernel` (head dim 64), the
+# mask drawn as in the forward and kept transposed in shared memory. By count its Philox rounds are about a third of a
+# tile's five matmuls' SM cycles (about one in the forward), and the @triton.jit backward draws each mask twice. The
+# backward alone against the autotuned @triton.jit one, dropout 0.1, on one H100 (results/attention/gluon_bwd_dropout/
+# ab_h100.jsonl; eager / graphed): non-causal 1.13x / 1.12x at 1K, 1.20x at 4K; causal 1.02x / 1.05x at 2K, 1.06x /
+# 1.10x at 4K, a tie at GPT-2's shape (0.995x / 1.003x) and 0.97x at 1K with 32 heads.
+BWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 2048}
 
 
 @_core.builtin
