@@ -12,7 +12,8 @@ own, and the joins, reshapes and permute that spread each call's 8 results over 
 final convert_layout to the accumulator's layout moves no data (checked on sm_90 by
 tests/test_gluon_dropout.py's compile test: no shared memory, no shuffles).
 
-    keep_rows(seed, bh, row0, col0, thresh, layout)   # (64 x N) accumulator tile, queries as rows: the forward
+    keep_rows(seed, bh, row0, col0, thresh, layout)   # (64 x N) accumulator tile, queries as rows: the forward;
+                                                      # the backward transposes it through shared memory
     dropout_keep_mask(seed, batch, nheads, seqlen)    # the whole mask through keep_rows (tests; reference:
                                                       # kernels.flash.dropout_keep_mask)
 """
