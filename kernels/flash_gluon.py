@@ -54,7 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.flash import LOG2E, _drop_consts
-from kernels.gluon_dropout import keep_rows
+from kernels.gluon_dropout import acc_layout as _acc_layout, keep_rows
 from kernels.launch import launch
 
 # (BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS) per head dim: at 128 the fastest of the prototype's tiles at every benchmarked
@@ -141,13 +141,6 @@ CONSUMER_REGS = 240  # setmaxnreg for the consumers; the loader gets 24
 # from CUDA graphs; at 512 forward 0.95x. So causal starts at 1K.
 MIN_SEQLEN = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 1024, (256, False): 512,
               (256, True): 512}
-
-
-@gluon.constexpr_function
-def _acc_layout(warps, n):
-    """A wgmma accumulator's layout, one warp per 16 rows. Partitions build their own: layouts do not pass
-    through warp_specialize's arguments."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16])
 
 
 @gluon.constexpr_function
@@ -529,15 +522,18 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
 def _scope_problem(q, k, causal: bool, dropout_p: float, varlen: bool, min_seqlen: int,
-                   takes_dropout: bool = False) -> str | None:
-    """What both kernels need of self-attention inputs beyond the head dim, or None: dense fp16/bf16, dropout only
-    where the kernel takes_dropout, seqlen_q == seqlen_k a multiple of 128 (every tile divides it), at least
-    min_seqlen."""
+                   dropout_min_seqlen: dict) -> str | None:
+    """What both kernels need of self-attention inputs beyond the head dim, or None: dense fp16/bf16, seqlen_q ==
+    seqlen_k a multiple of 128 (every tile divides it), at least min_seqlen, and with dropout at least
+    dropout_min_seqlen[head dim, causal] (FWD_ / BWD_DROPOUT_MIN_SEQLEN; no entry: no dropout)."""
     seqlen = q.shape[1]
     if varlen:
         return "varlen"
-    if dropout_p > 0 and not takes_dropout:
-        return f"dropout at head dim {q.shape[-1]}"
+    if dropout_p > 0:
+        key = (q.shape[-1], causal)
+        if key not in dropout_min_seqlen:
+            return f"dropout at head dim {key[0]}{' causal' if causal else ''}"
+        min_seqlen = max(min_seqlen, dropout_min_seqlen[key])
     if q.dtype not in _GL_DTYPES:
         return f"{q.dtype}"
     if seqlen != k.shape[1]:
@@ -554,12 +550,15 @@ def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | 
     head_dim = q.shape[-1]
     if head_dim not in FWD_TILES:
         return f"head dim {head_dim}, not one of {sorted(FWD_TILES)}"
-    min_seqlen = MIN_SEQLEN[head_dim, causal]
-    if dropout_p > 0:
-        if (head_dim, causal) not in FWD_DROPOUT_MIN_SEQLEN:
-            return f"dropout at head dim {head_dim}"
-        min_seqlen = max(min_seqlen, FWD_DROPOUT_MIN_SEQLEN[head_dim, causal])
-    return _scope_problem(q, k, causal, dropout_p, varlen, min_seqlen, takes_dropout=True)
+    return _scope_problem(q, k, causal, dropout_p, varlen, MIN_SEQLEN[head_dim, causal], FWD_DROPOUT_MIN_SEQLEN)
+
+
+def _dropout_args(who: str, dropout_p: float, seed, placeholder: torch.Tensor) -> tuple:
+    """(the SEED argument, the 16-bit threshold, 1 / (1 - p)) of a launch: with dropout its seed, checked; without,
+    any tensor (`placeholder`), since kernels/launch.py's direct path keys a pointer there."""
+    if dropout_p > 0 and (seed is None or seed.dtype != torch.int64 or seed.numel() != 1):
+        raise ValueError(f"{who}: dropout needs its seed, one int64 (kernels.flash.draw_dropout_seed)")
+    return (seed if dropout_p > 0 else placeholder, *_drop_consts(dropout_p))
 
 
 @functools.lru_cache(maxsize=None)
@@ -609,9 +608,7 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
     if not (o.is_contiguous() and lse.is_contiguous() and o.dtype == q.dtype
             and lse.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_forward: o must be contiguous in q's dtype and lse contiguous (batch, nheads, seqlen)")
-    if dropout_p > 0 and (seed is None or seed.dtype != torch.int64 or seed.numel() != 1):
-        raise ValueError("gluon_forward: dropout needs its seed, one int64 (kernels.flash.draw_dropout_seed)")
-    thresh, drop_scale = _drop_consts(dropout_p)
+    seed_arg, thresh, drop_scale = _dropout_args("gluon_forward", dropout_p, seed, lse)
     block_m, block_n, stages, q_buffers = FWD_TILES[head_dim]
     persistent = fwd_persistent(head_dim, seqlen, causal)
     paired = causal and persistent
@@ -620,7 +617,7 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
     q_layout, kv_layout = _shared_layout(block_m // 2, head_dim, dtype), _shared_layout(block_n, head_dim, dtype)
     launch(_fwd_kernel, grid,
            (head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
-            head_tiles(o, block_m // 2, q_layout), lse, seed if dropout_p > 0 else lse, seqlen, nheads, batch * nheads,
+            head_tiles(o, block_m // 2, q_layout), lse, seed_arg, seqlen, nheads, batch * nheads,
             nheads // k.shape[2], qk_scale, launch_head_group(seqlen, causal), thresh, drop_scale),
            dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
                 IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
@@ -1158,12 +1155,7 @@ def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str |
         return f"head dim {head_dim}, not one of {BWD_HEAD_DIMS}"
     if q.shape[-2] != k.shape[-2]:
         return "grouped-query attention (dK, dV would sum over the group)"
-    min_seqlen = BWD_MIN_SEQLEN[head_dim, causal]
-    if dropout_p > 0:
-        if (head_dim, causal) not in BWD_DROPOUT_MIN_SEQLEN:
-            return f"dropout at head dim {head_dim}{' causal' if causal else ''}"
-        min_seqlen = max(min_seqlen, BWD_DROPOUT_MIN_SEQLEN[head_dim, causal])
-    return _scope_problem(q, k, causal, dropout_p, varlen, min_seqlen, takes_dropout=True)
+    return _scope_problem(q, k, causal, dropout_p, varlen, BWD_MIN_SEQLEN[head_dim, causal], BWD_DROPOUT_MIN_SEQLEN)
 
 
 def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool,
@@ -1177,11 +1169,9 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     batch, seqlen, nheads, head_dim = q.shape
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
-    if dropout_p > 0 and (head_dim not in BWD_SPLIT_HEAD_DIMS or seed is None or seed.dtype != torch.int64
-                          or seed.numel() != 1):
-        raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS} and its seed, one int64 "
-                         "(kernels.flash.draw_dropout_seed)")
-    thresh, drop_scale = _drop_consts(dropout_p)
+    if dropout_p > 0 and head_dim not in BWD_SPLIT_HEAD_DIMS:
+        raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS}")
+    seed_arg, thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed, lse)
     dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
     split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
@@ -1191,7 +1181,7 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
     dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
     args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
-            lse, delta, seed if dropout_p > 0 else lse, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
+            lse, delta, seed_arg, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
             softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                   IS_CAUSAL=causal, ds_layout=lay["ds_layout"])

@@ -91,7 +91,10 @@ def keep_rows(seed, bh, row0, col0, thresh, layout: gl.constexpr, ROWS: gl.const
 
 
 @gluon.constexpr_function
-def _acc_layout(warps, n):
+def acc_layout(warps, n):
+    """A wgmma accumulator's layout, one warp per 16 rows (kernels/flash_gluon.py's score and output tiles, and the
+    layout keep_rows draws in). Partitions build their own: layouts do not pass through warp_specialize's
+    arguments."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n, 16])
 
 
@@ -99,7 +102,7 @@ def _acc_layout(warps, n):
 def _keep_rows_kernel(OUT, SEED, seqlen, thresh, ROWS: gl.constexpr, COLS: gl.constexpr):
     """OUT[bh, rows, cols] = keep_rows of tile (program 0, program 1) of (batch x head) program 2, int8."""
     WARPS: gl.constexpr = gl.num_warps()
-    layout: gl.constexpr = _acc_layout(WARPS, COLS)
+    layout: gl.constexpr = acc_layout(WARPS, COLS)
     row0 = gl.program_id(0) * ROWS
     col0 = gl.program_id(1) * COLS
     bh = gl.program_id(2)

@@ -393,6 +393,18 @@ def test_gpu_gluon_head_dims_64_256_match_reference(head_dim, causal, any_length
     _check_automatic(_qkv(2, 512, 512, 4, 2, head_dim, torch.bfloat16, "cuda"), causal, monkeypatch)
 
 
+def _launcher_spy(monkeypatch, name: str, programs) -> list:
+    """flash_gluon.<name> (gluon_forward / gluon_backward) launched with at most `programs` programs; returns the list
+    of the dropout_p of each call."""
+    from kernels import flash_gluon
+
+    calls = []
+    real = getattr(flash_gluon, name)
+    monkeypatch.setattr(flash_gluon, name,
+                        lambda *a, **kw: calls.append(kw["dropout_p"]) or real(*a, **{**kw, "programs": programs}))
+    return calls
+
+
 @pytest.mark.gpu
 @gluon_gpu
 @pytest.mark.parametrize("causal", [False, True])
@@ -402,16 +414,12 @@ def test_gpu_gluon_dropout_forward_matches_reference(causal, programs, any_lengt
     @triton.jit backward from its O and LSE, against float64 with kernels.flash.dropout_keep_mask's mask: the two
     kernels must drop the same scores, or the gradients would not match. Grouped-query heads (the mask follows the
     query head); 7 programs, each running many work units."""
-    from kernels import flash_gluon
     from tests.test_flash import check_against_reference
 
     b, n, h, hk, p = 2, 512, 4, 2, 0.2
     q, k, v = (x.requires_grad_() for x in _qkv(b, n, n, h, hk, 64, torch.bfloat16, "cuda"))
     assert _why(q, k, v, causal, dropout_p=p) is None
-    calls = []
-    forward = flash_gluon.gluon_forward
-    monkeypatch.setattr(flash_gluon, "gluon_forward",
-                        lambda *a, **kw: calls.append(kw["dropout_p"]) or forward(*a, **{**kw, "programs": programs}))
+    calls = _launcher_spy(monkeypatch, "gluon_forward", programs)
     torch.manual_seed(5)
     mask = F.dropout_keep_mask(F.draw_dropout_seed("cuda"), b, h, n, n, p)
     check_against_reference(q, k, v, causal=causal, dropout_mask=mask, dropout_p=p, seed=5)
@@ -434,10 +442,7 @@ def test_gpu_gluon_dropout_backward_matches_reference(causal, programs, any_leng
     q, k, v = (x.requires_grad_() for x in _qkv(b, n, n, h, h, 64, torch.bfloat16, "cuda"))
     lse = torch.empty(b, h, n, device="cuda")
     assert F._gluon_bwd_unsupported(q, k, v, q, lse, lse, (q, k, v), causal, p, False) is None
-    calls = []
-    backward = flash_gluon.gluon_backward
-    monkeypatch.setattr(flash_gluon, "gluon_backward",
-                        lambda *a, **kw: calls.append(kw["dropout_p"]) or backward(*a, **{**kw, "programs": programs}))
+    calls = _launcher_spy(monkeypatch, "gluon_backward", programs)
     torch.manual_seed(5)
     mask = F.dropout_keep_mask(F.draw_dropout_seed("cuda"), b, h, n, n, p)
     check_against_reference(q, k, v, causal=causal, dropout_mask=mask, dropout_p=p, seed=5)

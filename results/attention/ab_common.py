@@ -33,6 +33,19 @@ def launch_with(fn, kernels, flags: dict):
     return call
 
 
+def with_setting(module, name: str, value, fn):
+    """fn (no arguments) with module.name set to value while it runs (eager calls; a CUDA graph keeps the kernels
+    chosen when it was captured)."""
+    def call():
+        saved = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            return fn()
+        finally:
+            setattr(module, name, saved)
+    return call
+
+
 def alternating_rounds(fns: dict, rounds: int) -> str:
     """Each of fns (name -> call, one named "shipped") timed by do_bench in turn, `rounds` times, the order flipped
     each round: "name median-ms (shipped's time / its time)" for each."""

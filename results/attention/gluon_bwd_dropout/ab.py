@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_common import eager_and_graphed  # noqa: E402  (puts the checkout on sys.path)
+from ab_common import eager_and_graphed, with_setting  # noqa: E402  (puts the checkout on sys.path)
 
 import torch  # noqa: E402
 
@@ -23,14 +23,7 @@ P = 0.1
 
 def backward_with(gluon: bool, fn):
     """fn with the Gluon backward taking dropout at head dim 64 at every length (gluon) or never."""
-    def call():
-        saved = G.BWD_DROPOUT_MIN_SEQLEN
-        G.BWD_DROPOUT_MIN_SEQLEN = {(64, False): 0, (64, True): 0} if gluon else {}
-        try:
-            return fn()
-        finally:
-            G.BWD_DROPOUT_MIN_SEQLEN = saved
-    return call
+    return with_setting(G, "BWD_DROPOUT_MIN_SEQLEN", {(64, False): 0, (64, True): 0} if gluon else {}, fn)
 
 
 def main():

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_common import eager_and_graphed  # noqa: E402  (puts the checkout on sys.path)
+from ab_common import eager_and_graphed, with_setting  # noqa: E402  (puts the checkout on sys.path)
 
 import torch  # noqa: E402
 import torch.nn.functional as TF  # noqa: E402
@@ -25,15 +25,8 @@ P = 0.1
 
 def ours(gluon: bool, fn):
     """fn with the Gluon forward taking dropout at head dim 64 at every length (gluon) or never (the @triton.jit
-    forward) while it runs (eager calls; a graph keeps the kernels chosen when it was captured)."""
-    def call():
-        saved = G.FWD_DROPOUT_MIN_SEQLEN
-        G.FWD_DROPOUT_MIN_SEQLEN = {(64, False): 0, (64, True): 0} if gluon else {}
-        try:
-            return fn()
-        finally:
-            G.FWD_DROPOUT_MIN_SEQLEN = saved
-    return call
+    forward)."""
+    return with_setting(G, "FWD_DROPOUT_MIN_SEQLEN", {(64, False): 0, (64, True): 0} if gluon else {}, fn)
 
 
 def main():
