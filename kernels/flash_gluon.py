@@ -699,6 +699,9 @@ BWD_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 1024, (128, 
 # ab_h100.jsonl; eager / graphed): non-causal 1.13x / 1.12x at 1K, 1.20x at 4K; causal 1.02x / 1.05x at 2K, 1.06x /
 # 1.10x at 4K, a tie at GPT-2's shape (0.995x / 1.003x) and 0.97x at 1K with 32 heads.
 BWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 2048}
+# Head dims whose backward casts dQ in the kernel: the last key block to add into a query tile's float32 dQ casts it
+# into dq (`_bwd_dq_writer`'s FUSED_CAST), instead of a pass over the whole float32 buffer after the kernel.
+BWD_FUSED_CAST_HEAD_DIMS = ()
 
 
 @_core.builtin
@@ -773,11 +776,89 @@ def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem
             it += 1
 
 
+@gluon.constexpr_function
+def _bulk_complete_asm(pending):
+    return f"cp.async.bulk.wait_group {pending}; fence.proxy.async.global; mov.b32 $0, 0;"
+
+
 @gluon.jit
-def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+def _bulk_complete(PENDING: gl.constexpr):
+    """This warp's bulk async groups but the newest PENDING completed, their writes to global memory performed
+    (`tma.store_wait` waits only until their shared-memory reads are done), then ordered before the thread's later
+    generic-proxy accesses (the counter's release). One element a thread; not pure, so it stays where it is."""
+    one = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    gl.inline_asm_elementwise(_bulk_complete_asm(PENDING), "=r,r", [one], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _proxy_fence_global():
+    """fence.proxy.async.global: what this thread acquired through the generic proxy, visible to its TMA loads."""
+    one = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    gl.inline_asm_elementwise("fence.proxy.async.global; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _dq_tile_done(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, n_conv, tile, need, row, col,
+                  sm_scale, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Count one more key block's dQ reduce into query tile `tile` (already completed: `_bulk_complete`); the key
+    block that brings the count to `need`, the tile's number of key blocks, has the whole float32 sum, and casts it
+    into dq: TMA load from the float32 buffer, times the softmax scale, TMA store. Returns the casts done so far."""
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lane = gl.arange(0, 32, layout=lane_layout)
+    # acq_rel: releases this reduce (completed and proxy-fenced) to the last counter, acquires the others' for it
+    old = gl.atomic_add(DQ_COUNT + tile + lane * 0, gl.full([32], 1, gl.int32, layout=lane_layout), mask=lane == 0,
+                        sem="acq_rel", scope="gpu")
+    old = gl.max(gl.where(lane == 0, old, -1), axis=0)
+    if old == need - 1:
+        _proxy_fence_global()
+        mbarrier.expect(conv_bar, BLOCK_M * HEAD_DIM * 4)
+        tma.async_copy_global_to_shared(dqa_desc, [row, col], conv_bar, conv_smem)
+        mbarrier.wait(conv_bar, n_conv & 1)
+        ROWS: gl.constexpr = 8  # the swizzle's period: a slice may not split it
+        chunk_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
+        for r in gl.static_range(0, BLOCK_M, ROWS):
+            x = conv_smem.slice(r, ROWS).load(chunk_layout)
+            out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
+        fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+        tma.async_copy_shared_to_global(dq_desc, [row, col], out_smem)
+        tma.store_wait(0)  # out_smem read: free for the next cast
+        n_conv += 1
+    return n_conv
+
+
+@gluon.jit
+def _cast_buffers(dqa_desc, dq_desc, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, FUSED_CAST: gl.constexpr):
+    """`_dq_tile_done`'s shared memory: a float32 dQ tile, its cast in dq's dtype and the load's barrier (one-element
+    stand-ins without FUSED_CAST)."""
+    if FUSED_CAST:
+        conv_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dqa_desc.layout)
+        out_smem = gl.allocate_shared_memory(dq_desc.dtype, [BLOCK_M, HEAD_DIM], dq_desc.layout)
+    else:
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        conv_smem = gl.allocate_shared_memory(gl.float32, [1, 1], plain)
+        out_smem = gl.allocate_shared_memory(gl.float32, [1, 1], plain)
+    conv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(conv_bar, count=1)
+    return conv_smem, out_smem, conv_bar
+
+
+@gluon.jit
+def _bwd_dq_writer(dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, conv_bar, dq_full, dq_empty, n_n, n_bh,
+                   nheads, seqlen, head_group, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+                   FUSED_CAST: gl.constexpr = False):
+    """Adds each dQ_i from the ring to the float32 buffer by one TMA reduce and frees the slot. FUSED_CAST: also
+    counts the reduces into each query tile (DQ_COUNT, int32 zeros, one a (batch x head, query tile)); the last of a
+    tile's key blocks casts its sum into dq (`_dq_tile_done`), so no separate pass over the float32 buffer runs. A
+    reduce is counted one tile late, once the next one is issued, so that its completion is seldom waited for."""
     g = 0
+    n_conv = 0
+    n_m = seqlen // BLOCK_M
+    pend_tile = -1
+    pend_need = 0
+    pend_row = 0
+    pend_col = 0
     for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
         for half in range(count):
@@ -789,7 +870,25 @@ def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seql
                 tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
                 tma.store_wait(0)  # the TMA unit has read the slot
                 mbarrier.arrive(dq_empty.index(s))
+                if FUSED_CAST:
+                    if pend_tile >= 0:
+                        _bulk_complete(1)  # every reduce but the one just issued
+                        n_conv = _dq_tile_done(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, n_conv,
+                                               pend_tile, pend_need, pend_row, pend_col, sm_scale, BLOCK_M, HEAD_DIM)
+                    pend_tile = bh * n_m + i
+                    # key blocks that reach query tile i: all, or causal those starting at or before its last query
+                    if IS_CAUSAL:
+                        pend_need = (i * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1
+                    else:
+                        pend_need = n_n
+                    pend_row = row0 + i * BLOCK_M
+                    pend_col = col
                 g += 1
+    if FUSED_CAST:
+        if pend_tile >= 0:
+            _bulk_complete(0)
+            n_conv = _dq_tile_done(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, n_conv, pend_tile,
+                                   pend_need, pend_row, pend_col, sm_scale, BLOCK_M, HEAD_DIM)
 
 
 @gluon.jit
@@ -897,13 +996,15 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
 
 
 @gluon.jit
-def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads, n_bh,
-                qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
+def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_desc, LSE, DELTA, SEED, DQ_COUNT,
+                seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
-                STATS_AT_USE: gl.constexpr = False):
+                STATS_AT_USE: gl.constexpr = False, FUSED_CAST: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
+    # FUSED_CAST (`_bwd_dq_writer`): dq_desc, in q's tiles, receives dQ cast from the float32 buffer, counted in
+    # DQ_COUNT (int32 zeros, batch * nheads * seqlen // BLOCK_M); without it both are placeholders.
     # SEED, drop_thresh, drop_scale: `_bwd_split_kernel`'s dropout, which this kernel does not take (the launcher
     # passes both kernels one argument list)
     # Each program runs work units pid, pid + programs, ... (`_work_unit` over single key blocks), one K/V buffer
@@ -922,6 +1023,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
     else:  # not read: P^T stays in registers
         pt_smem = ds_smem
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
+    conv_smem, out_smem, conv_bar = _cast_buffers(dqa_desc, dq_desc, BLOCK_M, HEAD_DIM, FUSED_CAST)
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
@@ -950,8 +1052,9 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
+        (_bwd_dq_writer, (dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, conv_bar, dq_full, dq_empty, n_n,
+                          n_bh, nheads, seqlen, head_group, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL,
+                          PAIRED, FUSED_CAST))],
         [1, 1], [24, 24])
 
 
@@ -1068,16 +1171,19 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
 
 
 @gluon.jit
-def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads,
-                      n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
-                      KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False):
+def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_desc, LSE, DELTA, SEED,
+                      DQ_COUNT, seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+                      ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False,
+                      FUSED_CAST: gl.constexpr = False):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
     (results/attention/gluon_bwd_altdq/protocol_sim.py: 1,800 interleavings, 5 single mutations caught)."""
     gl.static_assert(KV_BUFFERS > 1, "one K/V buffer would need its release after each key block's dK, dV stores")
+    # the dQ writer's registers: its fused cast holds a chunk of 16 values a thread (24 spilled 16 bytes)
+    WRITER_REGS: gl.constexpr = 40 if FUSED_CAST else 24
     dtype: gl.constexpr = q_desc.dtype
     SUB_N: gl.constexpr = BLOCK_N // 2
     n_n = seqlen // BLOCK_N
@@ -1087,6 +1193,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [4, SUB_N, BLOCK_M], ds_layout)  # [tile buffer x warpgroup half]
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
+    conv_smem, out_smem, conv_bar = _cast_buffers(dqa_desc, dq_desc, BLOCK_M, HEAD_DIM, FUSED_CAST)
     # with dropout, each warpgroup's keep-mask of its S^T tile (int8, keys x queries); a one-byte stand-in without
     keep_smem = gl.allocate_shared_memory(gl.int8, [2, SUB_N, BLOCK_M] if HAS_DROPOUT else [2, 1, 1],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -1127,9 +1234,10 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
-        [4, 1, 1], [CONSUMER_REGS, 24, 24])
+        (_bwd_dq_writer, (dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, conv_bar, dq_full, dq_empty, n_n,
+                          n_bh, nheads, seqlen, head_group, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL,
+                          PAIRED, FUSED_CAST))],
+        [4, 1, 1], [CONSUMER_REGS, 24, WRITER_REGS])
 
 
 @functools.lru_cache(maxsize=None)
@@ -1172,24 +1280,33 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     if dropout_p > 0 and head_dim not in BWD_SPLIT_HEAD_DIMS:
         raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS}")
     seed_arg, thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed, lse)
-    dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
+    fused_cast = head_dim in BWD_FUSED_CAST_HEAD_DIMS
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
+    # the float32 dQ sum and, with the fused cast, one int32 count a query tile after it: zeroed by one fill
+    n_dq = batch * seqlen * nheads * head_dim
+    zeroed = torch.zeros(n_dq + (batch * nheads * (seqlen // block_m) if fused_cast else 0), dtype=torch.float32,
+                         device=q.device)
+    dqa = zeroed[:n_dq].view(batch, seqlen, nheads, head_dim)
     split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
     grid = _grid(seqlen // block_n, batch * nheads, causal and split, split, programs, q.device)
     lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype], split)
     queries = lambda t: head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
     dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
-    args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
-            lse, delta, seed_arg, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
-            softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
+    dqa_desc = head_tiles(dqa, block_m, lay["dqa_layout"])
+    args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), dqa_desc,
+            queries(dq) if fused_cast else dqa_desc, lse, delta, seed_arg,
+            zeroed[n_dq:].view(torch.int32) if fused_cast else lse, seqlen, nheads, batch * nheads,
+            softmax_scale * LOG2E, softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                   IS_CAUSAL=causal, ds_layout=lay["ds_layout"])
     if split:
         launch(_bwd_split_kernel, grid, args, dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal,
                                                    CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
-                                                   num_warps=4))
+                                                   FUSED_CAST=fused_cast, num_warps=4))
     else:
         launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
-                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS))
-    torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
+                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
+                                             FUSED_CAST=fused_cast))
+    if not fused_cast:
+        torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
