@@ -800,18 +800,20 @@ def _proxy_fence_global():
 
 @gluon.jit
 def _cast_dq_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_conv, row, col, sm_scale,
-                  BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+                  BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_PARTS: gl.constexpr = 3):
     """dq's tile at (row, col) from the float32 buffer's whole sum: TMA load, times the softmax scale, cast, TMA
     store. The caller acquired the sum through the tile's counter. Returns the casts done so far."""
-    _proxy_fence_global()  # the acquired sums, visible to the TMA load
-    mbarrier.expect(conv_bar, BLOCK_M * HEAD_DIM * 4)
-    tma.async_copy_global_to_shared(dqa_desc, [row, col], conv_bar, conv_smem)
-    mbarrier.wait(conv_bar, n_conv & 1)
+    if CAST_PARTS != 5:
+        _proxy_fence_global()  # the acquired sums, visible to the TMA load
+        mbarrier.expect(conv_bar, BLOCK_M * HEAD_DIM * 4)
+        tma.async_copy_global_to_shared(dqa_desc, [row, col], conv_bar, conv_smem)
+        mbarrier.wait(conv_bar, n_conv & 1)
     ROWS: gl.constexpr = 8  # the swizzle's period: a slice may not split it
     chunk_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
-    for r in gl.static_range(0, BLOCK_M, ROWS):
-        x = conv_smem.slice(r, ROWS).load(chunk_layout)
-        out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
+    if CAST_PARTS != 4:
+        for r in gl.static_range(0, BLOCK_M, ROWS):
+            x = conv_smem.slice(r, ROWS).load(chunk_layout)
+            out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
     fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
     tma.async_copy_shared_to_global(dq_desc, [row, col], out_smem)
     tma.store_wait(0)  # out_smem read: free for the next cast
@@ -821,7 +823,7 @@ def _cast_dq_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_conv, row,
 @gluon.jit
 def _count_key_block(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, n_conv, bh, lo, n_end, row0, col,
                      n_n, n_m, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     IS_CAUSAL: gl.constexpr):
+                     IS_CAUSAL: gl.constexpr, CAST_PARTS: gl.constexpr = 3):
     """Count one key block's dQ reduces (already completed: `_bulk_complete`) into its query tiles lo .. n_end - 1,
     32 tiles an atomic; each tile whose count reaches its number of key blocks has its whole float32 sum, which this
     warp casts into dq. Returns the casts done so far."""
@@ -838,10 +840,10 @@ def _count_key_block(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar,
         old = gl.atomic_add(DQ_COUNT + bh * n_m + tiles, gl.full([32], 1, gl.int32, layout=lane_layout), mask=valid,
                             sem="acq_rel", scope="gpu")
         done = gl.where(valid & (old == need - 1), 1, 0)
-        for j in range(0, gl.minimum(n_end - t0, 32)):
-            if gl.sum(gl.where(lane == j, done, 0), axis=0) != 0:
+        for j in range(0, gl.minimum(n_end - t0, 32) if CAST_PARTS > 1 else 0):
+            if (gl.sum(gl.where(lane == j, done, 0), axis=0) != 0) and CAST_PARTS != 2:
                 n_conv = _cast_dq_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_conv,
-                                       row0 + (t0 + j) * BLOCK_M, col, sm_scale, BLOCK_M, HEAD_DIM)
+                                       row0 + (t0 + j) * BLOCK_M, col, sm_scale, BLOCK_M, HEAD_DIM, CAST_PARTS)
     return n_conv
 
 
@@ -865,7 +867,7 @@ def _cast_buffers(dqa_desc, dq_desc, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constex
 def _bwd_dq_writer(dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, conv_bar, dq_full, dq_empty, n_n, n_bh,
                    nheads, seqlen, head_group, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                   FUSED_CAST: gl.constexpr = False):
+                   FUSED_CAST: gl.constexpr = False, CAST_PARTS: gl.constexpr = 3):
     """Adds each dQ_i from the ring to the float32 buffer by one TMA reduce and frees the slot. FUSED_CAST: also
     counts each key block's reduces into its query tiles (DQ_COUNT, int32 zeros, one a (batch x head, query tile));
     the key block that completes a tile's count casts its sum into dq (`_count_key_block`), so no pass over the
@@ -891,24 +893,24 @@ def _bwd_dq_writer(dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, co
                 tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
                 tma.store_wait(0)  # the TMA unit has read the slot
                 mbarrier.arrive(dq_empty.index(s))
-                if FUSED_CAST:
+                if FUSED_CAST and CAST_PARTS > 0:
                     if (i == lo) & (prev_bh >= 0):
                         _bulk_complete(1)  # every reduce but the one just issued: the previous key block's
                         n_conv = _count_key_block(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, n_conv,
                                                   prev_bh, prev_lo, prev_end, prev_row0, prev_col, n_n, n_m, sm_scale,
-                                                  BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
+                                                  BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, CAST_PARTS)
                 g += 1
             prev_bh = bh
             prev_lo = lo
             prev_end = n_end
             prev_row0 = row0
             prev_col = col
-    if FUSED_CAST:
+    if FUSED_CAST and CAST_PARTS > 0:
         if prev_bh >= 0:
             _bulk_complete(0)
             n_conv = _count_key_block(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, n_conv, prev_bh,
                                       prev_lo, prev_end, prev_row0, prev_col, n_n, n_m, sm_scale, BLOCK_M, BLOCK_N,
-                                      HEAD_DIM, IS_CAUSAL)
+                                      HEAD_DIM, IS_CAUSAL, CAST_PARTS)
 
 
 @gluon.jit
@@ -1196,7 +1198,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
                       ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False,
-                      FUSED_CAST: gl.constexpr = False):
+                      FUSED_CAST: gl.constexpr = False, CAST_PARTS: gl.constexpr = 3):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1254,7 +1256,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
         (_bwd_dq_writer, (dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, conv_bar, dq_full, dq_empty, n_n,
                           n_bh, nheads, seqlen, head_group, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL,
-                          PAIRED, FUSED_CAST))],
+                          PAIRED, FUSED_CAST, CAST_PARTS))],
         [4, 1, 1], [CONSUMER_REGS, 24, 24])
 
 

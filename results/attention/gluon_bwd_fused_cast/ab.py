@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_common import eager_and_graphed, with_setting  # noqa: E402  (puts the checkout on sys.path)
+from ab_common import eager_and_graphed, launch_with, with_setting  # noqa: E402  (puts the checkout on sys.path)
 
 import torch  # noqa: E402
 
@@ -70,6 +70,22 @@ def check():
     print("all ok" if bad == 0 else f"{bad} cases FAILED", flush=True)
 
 
+def parts():
+    """Which piece costs (timing only: the variants but "full" leave dq unwritten): the shipped form; "alloc", the
+    fused kernel's shared memory allocated and nothing else (no cast pass either); "count", the reduces completed and
+    counted, no cast; "full"."""
+    print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}; head dim 64, bf16", flush=True)
+    for b, n, h, causal, p in [(16, 1024, 12, True, 0.0), (4, 4096, 32, False, 0.0)]:
+        bwd = inputs(b, n, h, causal, p)
+        run = lambda: bwd()  # noqa: E731
+        forms = {"shipped": fused(False, run)}
+        for name, k in (("alloc", 0), ("count", 1), ("loop", 2), ("no_convert", 4), ("no_load", 5), ("full", 3)):
+            forms[name] = fused(True, launch_with(run, (G._bwd_split_kernel,), {"CAST_PARTS": k}))
+        med, times = eager_and_graphed(forms, ())
+        print(json.dumps(dict(batch=b, seqlen=n, heads=h, causal=causal, dropout=p, what="bwd",
+                              ms={k_: round(v_, 4) for k_, v_ in med.items()})), flush=True)
+
+
 def bench():
     print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}; head dim 64, bf16", flush=True)
     for b, n, h, causal, p in [(16, 1024, 12, True, 0.0), (16, 1024, 12, True, 0.1), (16, 1024, 32, False, 0.0),
@@ -84,4 +100,4 @@ def bench():
 
 
 if __name__ == "__main__":
-    {"check": check, "bench": bench}[sys.argv[1]]()
+    {"check": check, "bench": bench, "parts": parts}[sys.argv[1]]()
