@@ -799,89 +799,130 @@ def _proxy_fence_global():
 
 
 @gluon.jit
-def _cast_dq_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_conv, row, col, sm_scale,
-                  BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_PARTS: gl.constexpr = 3):
-    """dq's tile at (row, col) from the float32 buffer's whole sum: TMA load, times the softmax scale, cast, TMA
-    store. The caller acquired the sum through the tile's counter. Returns the casts done so far."""
-    if CAST_PARTS != 5:
-        _proxy_fence_global()  # the acquired sums, visible to the TMA load
-        mbarrier.expect(conv_bar, BLOCK_M * HEAD_DIM * 4)
-        tma.async_copy_global_to_shared(dqa_desc, [row, col], conv_bar, conv_smem)
-        mbarrier.wait(conv_bar, n_conv & 1)
-    ROWS: gl.constexpr = 8  # the swizzle's period: a slice may not split it
-    chunk_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
-    if CAST_PARTS != 4:
-        for r in gl.static_range(0, BLOCK_M, ROWS):
-            x = conv_smem.slice(r, ROWS).load(chunk_layout)
-            out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
-    fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-    tma.async_copy_shared_to_global(dq_desc, [row, col], out_smem)
-    tma.store_wait(0)  # out_smem read: free for the next cast
-    return n_conv + 1
-
-
-@gluon.jit
-def _count_key_block(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, n_conv, bh, lo, n_end, row0, col,
-                     n_n, n_m, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                     IS_CAUSAL: gl.constexpr, CAST_PARTS: gl.constexpr = 3):
-    """Count one key block's dQ reduces (already completed: `_bulk_complete`) into its query tiles lo .. n_end - 1,
-    32 tiles an atomic; each tile whose count reaches its number of key blocks has its whole float32 sum, which this
-    warp casts into dq. Returns the casts done so far."""
-    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    lane = gl.arange(0, 32, layout=lane_layout)
-    for t0 in range(lo, n_end, 32):
-        tiles = t0 + lane
-        valid = tiles < n_end
-        if IS_CAUSAL:  # key blocks starting at or before the tile's last query
-            need = (tiles * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1
-        else:
-            need = gl.full([32], 0, gl.int32, layout=lane_layout) + n_n
-        # acq_rel: releases these reduces (completed and proxy-fenced) to the tile's last counter, acquires the others'
-        old = gl.atomic_add(DQ_COUNT + bh * n_m + tiles, gl.full([32], 1, gl.int32, layout=lane_layout), mask=valid,
-                            sem="acq_rel", scope="gpu")
-        done = gl.where(valid & (old == need - 1), 1, 0)
-        for j in range(0, gl.minimum(n_end - t0, 32) if CAST_PARTS > 1 else 0):
-            if (gl.sum(gl.where(lane == j, done, 0), axis=0) != 0) and CAST_PARTS != 2:
-                n_conv = _cast_dq_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_conv,
-                                       row0 + (t0 + j) * BLOCK_M, col, sm_scale, BLOCK_M, HEAD_DIM, CAST_PARTS)
-    return n_conv
-
-
-@gluon.jit
-def _cast_buffers(dqa_desc, dq_desc, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, FUSED_CAST: gl.constexpr):
-    """`_dq_tile_done`'s shared memory: a float32 dQ tile, its cast in dq's dtype and the load's barrier (one-element
-    stand-ins without FUSED_CAST)."""
+def _cast_buffers(dqa_desc, dq_desc, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr,
+                  FUSED_CAST: gl.constexpr):
+    """`_bwd_dq_caster`'s shared memory: a float32 dQ tile, its cast in dq's dtype, the load's barrier and the queue of
+    tiles to cast (CAST_QUEUE slots of (row, column) with their full / empty barriers); one-element stand-ins, never
+    initialised or read, without FUSED_CAST."""
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     if FUSED_CAST:
         conv_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dqa_desc.layout)
         out_smem = gl.allocate_shared_memory(dq_desc.dtype, [BLOCK_M, HEAD_DIM], dq_desc.layout)
+        queue = gl.allocate_shared_memory(gl.int32, [CAST_QUEUE, 1, 32], plain)
+        conv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [CAST_QUEUE, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CAST_QUEUE, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(conv_bar, count=1)
+        for i in gl.static_range(CAST_QUEUE):
+            mbarrier.init(q_full.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
     else:
-        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         conv_smem = gl.allocate_shared_memory(gl.float32, [1, 1], plain)
         out_smem = gl.allocate_shared_memory(gl.float32, [1, 1], plain)
-    conv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(conv_bar, count=1)
-    return conv_smem, out_smem, conv_bar
+        queue = gl.allocate_shared_memory(gl.int32, [1, 1, 32], plain)
+        conv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    return conv_smem, out_smem, conv_bar, queue, q_full, q_empty
+
+
+@gluon.constexpr_function
+def _entry_layout():
+    """A (1, 32) queue entry over one warp's lanes."""
+    return gl.BlockedLayout([1, 1], [1, 32], [1, 1], [1, 0])
 
 
 @gluon.jit
-def _bwd_dq_writer(dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, conv_bar, dq_full, dq_empty, n_n, n_bh,
-                   nheads, seqlen, head_group, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                   FUSED_CAST: gl.constexpr = False, CAST_PARTS: gl.constexpr = 3):
+def _lane_value(v, j):
+    """Element j of a (1, 32) one-warp tensor in `_entry_layout`, as a scalar on every lane."""
+    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, _entry_layout()))[None, :]
+    return gl.sum(gl.sum(gl.where(lane == j, v, 0), axis=1), axis=0)
+
+
+@gluon.jit
+def _count_tile(DQ_COUNT, queue, q_full, q_empty, n_queued, tile, need, row, col, CAST_QUEUE: gl.constexpr):
+    """Count one completed dQ reduce (`_bulk_complete`) into query tile `tile`; if that completes its `need` key
+    blocks, the float32 sum is whole: queue (row, col) for `_bwd_dq_caster`. Returns the tiles queued so far."""
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lane = gl.arange(0, 32, layout=lane_layout)
+    # acq_rel: releases this reduce (completed and proxy-fenced) to the tile's last counter, acquires the others'
+    old = gl.atomic_add(DQ_COUNT + tile + lane * 0, gl.full([32], 1, gl.int32, layout=lane_layout), mask=lane == 0,
+                        sem="acq_rel", scope="gpu")
+    if gl.max(gl.where(lane == 0, old, -1), axis=0) == need - 1:
+        n_queued = _queue_tile(queue, q_full, q_empty, n_queued, row, col, CAST_QUEUE)
+    return n_queued
+
+
+@gluon.jit
+def _queue_tile(queue, q_full, q_empty, n_queued, row, col, CAST_QUEUE: gl.constexpr):
+    """Queue (row, col) for `_bwd_dq_caster` (row -1: no more). Returns the tiles queued so far."""
+    c = n_queued % CAST_QUEUE
+    mbarrier.wait(q_empty.index(c), ((n_queued // CAST_QUEUE) & 1) ^ 1)
+    entry_lane = gl.arange(0, 32, layout=gl.SliceLayout(0, _entry_layout()))[None, :]
+    queue.index(c).store(gl.where(entry_lane == 0, row, col))
+    mbarrier.arrive(q_full.index(c))  # releases the entry, and what the writer acquired, to the caster
+    return n_queued + 1
+
+
+@gluon.jit
+def _bwd_dq_caster(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, sm_scale,
+                   BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr,
+                   FUSED_CAST: gl.constexpr):
+    """FUSED_CAST's fourth partition (one warp): casts each queued dQ tile, whose float32 sum is whole, into dq: TMA
+    load, times the softmax scale, cast, TMA store, until the writer queues row -1. A partition of its own, so that a
+    burst of completed tiles does not hold up the dQ ring (the writer casting them itself ran 0.55-0.82x,
+    results/attention/gluon_bwd_fused_cast/)."""
+    if FUSED_CAST:
+        ROWS: gl.constexpr = 8  # the swizzle's period: a slice may not split it
+        chunk_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
+        n = 0
+        mbarrier.wait(q_full.index(0), 0)
+        entry = queue.index(0).load(_entry_layout())
+        mbarrier.arrive(q_empty.index(0))
+        row = _lane_value(entry, 0)
+        col = _lane_value(entry, 1)
+        while row >= 0:
+            _proxy_fence_global()  # the acquired sum, visible to the TMA load
+            mbarrier.expect(conv_bar, BLOCK_M * HEAD_DIM * 4)
+            tma.async_copy_global_to_shared(dqa_desc, [row, col], conv_bar, conv_smem)
+            mbarrier.wait(conv_bar, n & 1)
+            tma.store_wait(0)  # the last cast's store has read out_smem
+            for r in gl.static_range(0, BLOCK_M, ROWS):
+                x = conv_smem.slice(r, ROWS).load(chunk_layout)
+                out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
+            fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+            tma.async_copy_shared_to_global(dq_desc, [row, col], out_smem)
+            n += 1
+            c = n % CAST_QUEUE
+            mbarrier.wait(q_full.index(c), (n // CAST_QUEUE) & 1)
+            entry = queue.index(c).load(_entry_layout())
+            mbarrier.arrive(q_empty.index(c))
+            row = _lane_value(entry, 0)
+            col = _lane_value(entry, 1)
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _bwd_dq_writer(dqa_desc, DQ_COUNT, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
+                   head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+                   CAST_QUEUE: gl.constexpr = 1, FUSED_CAST: gl.constexpr = False):
     """Adds each dQ_i from the ring to the float32 buffer by one TMA reduce and frees the slot. FUSED_CAST: also
-    counts each key block's reduces into its query tiles (DQ_COUNT, int32 zeros, one a (batch x head, query tile));
-    the key block that completes a tile's count casts its sum into dq (`_count_key_block`), so no pass over the
-    float32 buffer follows the kernel. A key block is counted once the next one's first reduce is issued, when its
-    own have long completed: waiting for each reduce's completion made the backward 0.58-0.70x
-    (results/attention/gluon_bwd_fused_cast/)."""
+    counts each reduce into its query tile (DQ_COUNT, int32 zeros, one a (batch x head, query tile)) once it has
+    completed, two reduces later so that its completion is seldom waited for; the reduce that completes a tile's count
+    queues it for `_bwd_dq_caster`, so no pass over the float32 buffer follows the kernel."""
     g = 0
-    n_conv = 0
+    n_queued = 0
     n_m = seqlen // BLOCK_M
-    prev_bh = -1
-    prev_lo = 0
-    prev_end = 0
-    prev_row0 = 0
-    prev_col = 0
+    # the two reduces issued before the current one: (tile, key blocks it needs, row, column), tile -1 when none
+    t1 = -1
+    need1 = 0
+    row1 = 0
+    col1 = 0
+    t2 = -1
+    need2 = 0
+    row2 = 0
+    col2 = 0
     for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
         for half in range(count):
@@ -893,24 +934,30 @@ def _bwd_dq_writer(dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, co
                 tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
                 tma.store_wait(0)  # the TMA unit has read the slot
                 mbarrier.arrive(dq_empty.index(s))
-                if FUSED_CAST and CAST_PARTS > 0:
-                    if (i == lo) & (prev_bh >= 0):
-                        _bulk_complete(1)  # every reduce but the one just issued: the previous key block's
-                        n_conv = _count_key_block(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, n_conv,
-                                                  prev_bh, prev_lo, prev_end, prev_row0, prev_col, n_n, n_m, sm_scale,
-                                                  BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL, CAST_PARTS)
+                if FUSED_CAST:
+                    if t2 >= 0:
+                        _bulk_complete(2)  # every reduce but the two newest: the one two before this
+                        n_queued = _count_tile(DQ_COUNT, queue, q_full, q_empty, n_queued, t2, need2, row2, col2,
+                                               CAST_QUEUE)
+                    t2 = t1
+                    need2 = need1
+                    row2 = row1
+                    col2 = col1
+                    t1 = bh * n_m + i
+                    if IS_CAUSAL:  # key blocks starting at or before the tile's last query
+                        need1 = (i * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1
+                    else:
+                        need1 = n_n
+                    row1 = row0 + i * BLOCK_M
+                    col1 = col
                 g += 1
-            prev_bh = bh
-            prev_lo = lo
-            prev_end = n_end
-            prev_row0 = row0
-            prev_col = col
-    if FUSED_CAST and CAST_PARTS > 0:
-        if prev_bh >= 0:
-            _bulk_complete(0)
-            n_conv = _count_key_block(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, n_conv, prev_bh,
-                                      prev_lo, prev_end, prev_row0, prev_col, n_n, n_m, sm_scale, BLOCK_M, BLOCK_N,
-                                      HEAD_DIM, IS_CAUSAL, CAST_PARTS)
+    if FUSED_CAST:
+        _bulk_complete(0)
+        if t2 >= 0:
+            n_queued = _count_tile(DQ_COUNT, queue, q_full, q_empty, n_queued, t2, need2, row2, col2, CAST_QUEUE)
+        if t1 >= 0:
+            n_queued = _count_tile(DQ_COUNT, queue, q_full, q_empty, n_queued, t1, need1, row1, col1, CAST_QUEUE)
+        _queue_tile(queue, q_full, q_empty, n_queued, -1, 0, CAST_QUEUE)
 
 
 @gluon.jit
@@ -1030,6 +1077,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_
     # SEED, drop_thresh, drop_scale: `_bwd_split_kernel`'s dropout, which this kernel does not take (the launcher
     # passes both kernels one argument list)
     # Each program runs work units pid, pid + programs, ... (`_work_unit` over single key blocks), one K/V buffer
+    gl.static_assert(not FUSED_CAST, "the fused cast runs in `_bwd_split_kernel` only")
     KV_BUFFERS: gl.constexpr = 1
     PAIRED: gl.constexpr = False
     dtype: gl.constexpr = q_desc.dtype
@@ -1045,7 +1093,9 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_
     else:  # not read: P^T stays in registers
         pt_smem = ds_smem
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
-    conv_smem, out_smem, conv_bar = _cast_buffers(dqa_desc, dq_desc, BLOCK_M, HEAD_DIM, FUSED_CAST)
+    CAST_QUEUE: gl.constexpr = 8
+    conv_smem, out_smem, conv_bar, queue, q_full, q_empty = _cast_buffers(dqa_desc, dq_desc, BLOCK_M, HEAD_DIM,
+                                                                          CAST_QUEUE, FUSED_CAST)
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
@@ -1074,9 +1124,9 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-        (_bwd_dq_writer, (dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, conv_bar, dq_full, dq_empty, n_n,
-                          n_bh, nheads, seqlen, head_group, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL,
-                          PAIRED, FUSED_CAST))],
+        (_bwd_dq_writer, (dqa_desc, DQ_COUNT, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
+                          seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
+                          FUSED_CAST))],
         [1, 1], [24, 24])
 
 
@@ -1198,7 +1248,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
                       ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False,
-                      FUSED_CAST: gl.constexpr = False, CAST_PARTS: gl.constexpr = 3):
+                      FUSED_CAST: gl.constexpr = False):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1213,7 +1263,9 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [4, SUB_N, BLOCK_M], ds_layout)  # [tile buffer x warpgroup half]
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
-    conv_smem, out_smem, conv_bar = _cast_buffers(dqa_desc, dq_desc, BLOCK_M, HEAD_DIM, FUSED_CAST)
+    CAST_QUEUE: gl.constexpr = 8
+    conv_smem, out_smem, conv_bar, queue, q_full, q_empty = _cast_buffers(dqa_desc, dq_desc, BLOCK_M, HEAD_DIM,
+                                                                          CAST_QUEUE, FUSED_CAST)
     # with dropout, each warpgroup's keep-mask of its S^T tile (int8, keys x queries); a one-byte stand-in without
     keep_smem = gl.allocate_shared_memory(gl.int8, [2, SUB_N, BLOCK_M] if HAS_DROPOUT else [2, 1, 1],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -1242,22 +1294,43 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
         mbarrier.init(dq_empty.index(i), count=1)
     fence_async_shared()
     # each compute partition's index goes in as a constexpr, one `_bwd_half` per index (see `_fwd_kernel`)
-    gl.warp_specialize([
-        (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                      delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
-        (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                      delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
-        (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
-                       empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-        (_bwd_dq_writer, (dqa_desc, dq_desc, DQ_COUNT, dq_smem, conv_smem, out_smem, conv_bar, dq_full, dq_empty, n_n,
-                          n_bh, nheads, seqlen, head_group, sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL,
-                          PAIRED, FUSED_CAST, CAST_PARTS))],
-        [4, 1, 1], [CONSUMER_REGS, 24, 24])
+    # the caster is a partition only with FUSED_CAST: an idle warp would change the others' register split
+    if FUSED_CAST:
+        gl.warp_specialize([
+            (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+            (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+            (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
+                           empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                           BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+            (_bwd_dq_writer, (dqa_desc, DQ_COUNT, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
+                              seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
+                              FUSED_CAST)),
+            (_bwd_dq_caster, (dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, sm_scale, BLOCK_M,
+                              HEAD_DIM, CAST_QUEUE, FUSED_CAST))],
+            [4, 1, 1, 1], [CONSUMER_REGS, 24, 24, 24])
+    else:
+        gl.warp_specialize([
+            (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+            (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+            (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
+                           empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                           BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+            (_bwd_dq_writer, (dqa_desc, DQ_COUNT, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
+                              seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
+                              FUSED_CAST))],
+            [4, 1, 1], [CONSUMER_REGS, 24, 24])
 
 
 @functools.lru_cache(maxsize=None)
