@@ -840,89 +840,104 @@ def _lane_value(v, j):
 
 
 @gluon.jit
-def _count_tile(DQ_COUNT, queue, q_full, q_empty, n_queued, tile, need, row, col, CAST_QUEUE: gl.constexpr):
-    """Count one completed dQ reduce (`_bulk_complete`) into query tile `tile`; if that completes its `need` key
-    blocks, the float32 sum is whole: queue (row, col) for `_bwd_dq_caster`. Returns the tiles queued so far."""
-    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    lane = gl.arange(0, 32, layout=lane_layout)
-    # acq_rel: releases this reduce (completed and proxy-fenced) to the tile's last counter, acquires the others'
-    old = gl.atomic_add(DQ_COUNT + tile + lane * 0, gl.full([32], 1, gl.int32, layout=lane_layout), mask=lane == 0,
-                        sem="acq_rel", scope="gpu")
-    if gl.max(gl.where(lane == 0, old, -1), axis=0) == need - 1:
-        n_queued = _queue_tile(queue, q_full, q_empty, n_queued, row, col, CAST_QUEUE)
-    return n_queued
-
-
-@gluon.jit
-def _queue_tile(queue, q_full, q_empty, n_queued, row, col, CAST_QUEUE: gl.constexpr):
-    """Queue (row, col) for `_bwd_dq_caster` (row -1: no more). Returns the tiles queued so far."""
+def _queue_entry(queue, q_full, q_empty, n_queued, row0, col, base, lo, n_end, CAST_QUEUE: gl.constexpr):
+    """Queue one counted key block for `_bwd_dq_caster`: its first row and column, its (batch x head)'s first
+    counter and its query tiles lo .. n_end - 1 (row0 -1: no more). Returns the entries queued so far."""
     c = n_queued % CAST_QUEUE
     mbarrier.wait(q_empty.index(c), ((n_queued // CAST_QUEUE) & 1) ^ 1)
-    entry_lane = gl.arange(0, 32, layout=gl.SliceLayout(0, _entry_layout()))[None, :]
-    queue.index(c).store(gl.where(entry_lane == 0, row, col))
-    mbarrier.arrive(q_full.index(c))  # releases the entry, and what the writer acquired, to the caster
+    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, _entry_layout()))[None, :]
+    entry = gl.where(lane == 0, row0, gl.where(lane == 1, col, gl.where(lane == 2, base, gl.where(lane == 3, lo,
+                                                                                                  n_end))))
+    queue.index(c).store(entry)
+    mbarrier.arrive(q_full.index(c))  # releases the entry, and the reduces the writer saw complete, to the caster
     return n_queued + 1
 
 
 @gluon.jit
-def _bwd_dq_caster(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, sm_scale,
-                   BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr,
-                   FUSED_CAST: gl.constexpr):
-    """FUSED_CAST's fourth partition (one warp): casts each queued dQ tile, whose float32 sum is whole, into dq: TMA
-    load, times the softmax scale, cast, TMA store, until the writer queues row -1. A partition of its own, so that a
-    burst of completed tiles does not hold up the dQ ring (the writer casting them itself ran 0.55-0.82x,
-    results/attention/gluon_bwd_fused_cast/)."""
+def _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row, col, sm_scale, BLOCK_M: gl.constexpr,
+               HEAD_DIM: gl.constexpr):
+    """dq's tile at (row, col) from the float32 buffer's whole sum: TMA load, times the softmax scale, cast, TMA
+    store (waited for at the next cast). The caller acquired the sum through the tile's counter."""
+    _proxy_fence_global()  # the acquired sum, visible to the TMA load
+    mbarrier.expect(conv_bar, BLOCK_M * HEAD_DIM * 4)
+    tma.async_copy_global_to_shared(dqa_desc, [row, col], conv_bar, conv_smem)
+    mbarrier.wait(conv_bar, n_cast & 1)
+    tma.store_wait(0)  # the last cast's store has read out_smem
+    ROWS: gl.constexpr = 8  # the swizzle's period: a slice may not split it
+    chunk_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
+    for r in gl.static_range(0, BLOCK_M, ROWS):
+        x = conv_smem.slice(r, ROWS).load(chunk_layout)
+        out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
+    fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+    tma.async_copy_shared_to_global(dq_desc, [row, col], out_smem)
+
+
+@gluon.jit
+def _bwd_dq_caster(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, n_n, sm_scale,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr,
+                   IS_CAUSAL: gl.constexpr, FUSED_CAST: gl.constexpr):
+    """FUSED_CAST's fourth partition (one warp), fed by the dQ writer one key block at a time, once the block's
+    reduces have completed: counts them into their query tiles (DQ_COUNT, int32 zeros, one a (batch x head, query
+    tile)), 32 tiles an atomic, and casts each tile whose count that completes, its float32 sum whole, into dq, until
+    the writer queues row -1. A partition of its own, so that neither the counting nor a burst of completed tiles
+    holds up the dQ ring (results/attention/gluon_bwd_fused_cast/)."""
     if FUSED_CAST:
-        ROWS: gl.constexpr = 8  # the swizzle's period: a slice may not split it
-        chunk_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
+        lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        lane = gl.arange(0, 32, layout=lane_layout)
         n = 0
+        n_cast = 0
         mbarrier.wait(q_full.index(0), 0)
         entry = queue.index(0).load(_entry_layout())
         mbarrier.arrive(q_empty.index(0))
-        row = _lane_value(entry, 0)
-        col = _lane_value(entry, 1)
-        while row >= 0:
-            _proxy_fence_global()  # the acquired sum, visible to the TMA load
-            mbarrier.expect(conv_bar, BLOCK_M * HEAD_DIM * 4)
-            tma.async_copy_global_to_shared(dqa_desc, [row, col], conv_bar, conv_smem)
-            mbarrier.wait(conv_bar, n & 1)
-            tma.store_wait(0)  # the last cast's store has read out_smem
-            for r in gl.static_range(0, BLOCK_M, ROWS):
-                x = conv_smem.slice(r, ROWS).load(chunk_layout)
-                out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
-            fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-            tma.async_copy_shared_to_global(dq_desc, [row, col], out_smem)
+        row0 = _lane_value(entry, 0)
+        while row0 >= 0:
+            col = _lane_value(entry, 1)
+            base = _lane_value(entry, 2)
+            lo = _lane_value(entry, 3)
+            n_end = _lane_value(entry, 4)
+            for t0 in range(lo, n_end, 32):
+                tiles = t0 + lane
+                valid = tiles < n_end
+                if IS_CAUSAL:  # key blocks starting at or before the tile's last query
+                    need = (tiles * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1
+                else:
+                    need = gl.full([32], 0, gl.int32, layout=lane_layout) + n_n
+                # acq_rel: releases these reduces (completed, proxy-fenced, handed over by the writer) to each tile's
+                # last counter, and acquires the others' for it
+                old = gl.atomic_add(DQ_COUNT + base + tiles, gl.full([32], 1, gl.int32, layout=lane_layout),
+                                    mask=valid, sem="acq_rel", scope="gpu")
+                done = gl.where(valid & (old == need - 1), 1, 0)
+                for j in range(0, gl.minimum(n_end - t0, 32)):
+                    if gl.sum(gl.where(lane == j, done, 0), axis=0) != 0:
+                        _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row0 + (t0 + j) * BLOCK_M,
+                                   col, sm_scale, BLOCK_M, HEAD_DIM)
+                        n_cast += 1
             n += 1
             c = n % CAST_QUEUE
             mbarrier.wait(q_full.index(c), (n // CAST_QUEUE) & 1)
             entry = queue.index(c).load(_entry_layout())
             mbarrier.arrive(q_empty.index(c))
-            row = _lane_value(entry, 0)
-            col = _lane_value(entry, 1)
+            row0 = _lane_value(entry, 0)
         tma.store_wait(0)
 
 
 @gluon.jit
-def _bwd_dq_writer(dqa_desc, DQ_COUNT, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
+def _bwd_dq_writer(dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                    head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                    DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
                    CAST_QUEUE: gl.constexpr = 1, FUSED_CAST: gl.constexpr = False):
-    """Adds each dQ_i from the ring to the float32 buffer by one TMA reduce and frees the slot. FUSED_CAST: also
-    counts each reduce into its query tile (DQ_COUNT, int32 zeros, one a (batch x head, query tile)) once it has
-    completed, two reduces later so that its completion is seldom waited for; the reduce that completes a tile's count
-    queues it for `_bwd_dq_caster`, so no pass over the float32 buffer follows the kernel."""
+    """Adds each dQ_i from the ring to the float32 buffer by one TMA reduce and frees the slot. FUSED_CAST: once a key
+    block's reduces have completed, waited for after the next block's first reduce (when they have long completed),
+    queues the block for `_bwd_dq_caster`, which counts them and casts the tiles they complete, so no pass over the
+    float32 buffer follows the kernel."""
     g = 0
     n_queued = 0
     n_m = seqlen // BLOCK_M
-    # the two reduces issued before the current one: (tile, key blocks it needs, row, column), tile -1 when none
-    t1 = -1
-    need1 = 0
-    row1 = 0
-    col1 = 0
-    t2 = -1
-    need2 = 0
-    row2 = 0
-    col2 = 0
+    prev_row0 = -1  # the last key block's, until it is queued
+    prev_col = 0
+    prev_base = 0
+    prev_lo = 0
+    prev_end = 0
     for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
         for half in range(count):
@@ -935,29 +950,22 @@ def _bwd_dq_writer(dqa_desc, DQ_COUNT, dq_smem, queue, q_full, q_empty, dq_full,
                 tma.store_wait(0)  # the TMA unit has read the slot
                 mbarrier.arrive(dq_empty.index(s))
                 if FUSED_CAST:
-                    if t2 >= 0:
-                        _bulk_complete(2)  # every reduce but the two newest: the one two before this
-                        n_queued = _count_tile(DQ_COUNT, queue, q_full, q_empty, n_queued, t2, need2, row2, col2,
-                                               CAST_QUEUE)
-                    t2 = t1
-                    need2 = need1
-                    row2 = row1
-                    col2 = col1
-                    t1 = bh * n_m + i
-                    if IS_CAUSAL:  # key blocks starting at or before the tile's last query
-                        need1 = (i * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1
-                    else:
-                        need1 = n_n
-                    row1 = row0 + i * BLOCK_M
-                    col1 = col
+                    if (i == lo) & (prev_row0 >= 0):
+                        _bulk_complete(1)  # every reduce but the one just issued: the last key block's
+                        n_queued = _queue_entry(queue, q_full, q_empty, n_queued, prev_row0, prev_col, prev_base,
+                                                prev_lo, prev_end, CAST_QUEUE)
                 g += 1
+            prev_row0 = row0
+            prev_col = col
+            prev_base = bh * n_m
+            prev_lo = lo
+            prev_end = n_end
     if FUSED_CAST:
         _bulk_complete(0)
-        if t2 >= 0:
-            n_queued = _count_tile(DQ_COUNT, queue, q_full, q_empty, n_queued, t2, need2, row2, col2, CAST_QUEUE)
-        if t1 >= 0:
-            n_queued = _count_tile(DQ_COUNT, queue, q_full, q_empty, n_queued, t1, need1, row1, col1, CAST_QUEUE)
-        _queue_tile(queue, q_full, q_empty, n_queued, -1, 0, CAST_QUEUE)
+        if prev_row0 >= 0:
+            n_queued = _queue_entry(queue, q_full, q_empty, n_queued, prev_row0, prev_col, prev_base, prev_lo,
+                                    prev_end, CAST_QUEUE)
+        _queue_entry(queue, q_full, q_empty, n_queued, -1, 0, 0, 0, 0, CAST_QUEUE)
 
 
 @gluon.jit
@@ -1124,7 +1132,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-        (_bwd_dq_writer, (dqa_desc, DQ_COUNT, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
+        (_bwd_dq_writer, (dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
                           seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
                           FUSED_CAST))],
         [1, 1], [24, 24])
@@ -1308,11 +1316,11 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
             (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                            empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                            BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-            (_bwd_dq_writer, (dqa_desc, DQ_COUNT, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
+            (_bwd_dq_writer, (dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
                               seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
                               FUSED_CAST)),
-            (_bwd_dq_caster, (dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, sm_scale, BLOCK_M,
-                              HEAD_DIM, CAST_QUEUE, FUSED_CAST))],
+            (_bwd_dq_caster, (dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, n_n,
+                              sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAST_QUEUE, IS_CAUSAL, FUSED_CAST))],
             [4, 1, 1, 1], [CONSUMER_REGS, 24, 24, 24])
     else:
         gl.warp_specialize([
@@ -1327,7 +1335,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
             (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                            empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                            BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-            (_bwd_dq_writer, (dqa_desc, DQ_COUNT, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
+            (_bwd_dq_writer, (dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
                               seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
                               FUSED_CAST))],
             [4, 1, 1], [CONSUMER_REGS, 24, 24])
