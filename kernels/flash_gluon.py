@@ -855,7 +855,7 @@ def _queue_entry(queue, q_full, q_empty, n_queued, row0, col, base, lo, n_end, C
 
 @gluon.jit
 def _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row, col, sm_scale, BLOCK_M: gl.constexpr,
-               HEAD_DIM: gl.constexpr):
+               HEAD_DIM: gl.constexpr, CAST_MODE: gl.constexpr = 0):
     """dq's tile at (row, col) from the float32 buffer's whole sum: TMA load, times the softmax scale, cast, TMA
     store (waited for at the next cast). The caller acquired the sum through the tile's counter."""
     _proxy_fence_global()  # the acquired sum, visible to the TMA load
@@ -865,17 +865,20 @@ def _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row, co
     tma.store_wait(0)  # the last cast's store has read out_smem
     ROWS: gl.constexpr = 8  # the swizzle's period: a slice may not split it
     chunk_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
-    for r in gl.static_range(0, BLOCK_M, ROWS):
-        x = conv_smem.slice(r, ROWS).load(chunk_layout)
-        out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
-    fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-    tma.async_copy_shared_to_global(dq_desc, [row, col], out_smem)
+    if (CAST_MODE < 2) or (CAST_MODE == 4):
+        for r in gl.static_range(0, BLOCK_M, ROWS):
+            x = conv_smem.slice(r, ROWS).load(chunk_layout)
+            out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
+    if (CAST_MODE < 2) or (CAST_MODE == 5):
+        fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+    if CAST_MODE == 0:
+        tma.async_copy_shared_to_global(dq_desc, [row, col], out_smem)
 
 
 @gluon.jit
 def _bwd_dq_caster(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, n_n, sm_scale,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, FUSED_CAST: gl.constexpr):
+                   IS_CAUSAL: gl.constexpr, FUSED_CAST: gl.constexpr, CAST_MODE: gl.constexpr = 0):
     """FUSED_CAST's fourth partition (one warp), fed by the dQ writer one key block at a time, once the block's
     reduces have completed: counts them into their query tiles (DQ_COUNT, int32 zeros, one a (batch x head, query
     tile)), 32 tiles an atomic, and casts each tile whose count that completes, its float32 sum whole, into dq, until
@@ -908,9 +911,9 @@ def _bwd_dq_caster(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, q
                                     mask=valid, sem="acq_rel", scope="gpu")
                 done = gl.where(valid & (old == need - 1), 1, 0)
                 for j in range(0, gl.minimum(n_end - t0, 32)):
-                    if gl.sum(gl.where(lane == j, done, 0), axis=0) != 0:
+                    if (gl.sum(gl.where(lane == j, done, 0), axis=0) != 0) & (CAST_MODE != 3):
                         _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row0 + (t0 + j) * BLOCK_M,
-                                   col, sm_scale, BLOCK_M, HEAD_DIM)
+                                   col, sm_scale, BLOCK_M, HEAD_DIM, CAST_MODE)
                         n_cast += 1
             n += 1
             c = n % CAST_QUEUE
@@ -1256,7 +1259,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
                       ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False,
-                      FUSED_CAST: gl.constexpr = False):
+                      FUSED_CAST: gl.constexpr = False, CAST_MODE: gl.constexpr = 0):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1320,7 +1323,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                               seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
                               FUSED_CAST)),
             (_bwd_dq_caster, (dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, n_n,
-                              sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAST_QUEUE, IS_CAUSAL, FUSED_CAST))],
+                              sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAST_QUEUE, IS_CAUSAL, FUSED_CAST, CAST_MODE))],
             [4, 1, 1, 1], [CONSUMER_REGS, 24, 24, 24])
     else:
         gl.warp_specialize([

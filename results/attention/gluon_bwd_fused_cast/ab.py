@@ -79,8 +79,9 @@ def parts():
         bwd = inputs(b, n, h, causal, p)
         run = lambda: bwd()  # noqa: E731
         forms = {"shipped": fused(False, run)}
-        for name, k in (("alloc", 0), ("count", 1), ("loop", 2), ("no_convert", 4), ("no_load", 5), ("full", 3)):
-            forms[name] = fused(True, launch_with(run, (G._bwd_split_kernel,), {"CAST_PARTS": k}))
+        for name, k in (("count_only", 3), ("load_only", 2), ("load_convert", 4), ("load_fence", 5), ("no_store", 1),
+                        ("full", 0)):
+            forms[name] = fused(True, launch_with(run, (G._bwd_split_kernel,), {"CAST_MODE": k}))
         med, times = eager_and_graphed(forms, ())
         print(json.dumps(dict(batch=b, seqlen=n, heads=h, causal=causal, dropout=p, what="bwd",
                               ms={k_: round(v_, 4) for k_, v_ in med.items()})), flush=True)
