@@ -854,10 +854,19 @@ def _queue_entry(queue, q_full, q_empty, n_queued, row0, col, base, lo, n_end, C
 
 
 @gluon.jit
-def _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row, col, sm_scale, BLOCK_M: gl.constexpr,
-               HEAD_DIM: gl.constexpr, CAST_MODE: gl.constexpr = 0):
+def _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row, col, sm_scale, DQA, DQ, dqa_stride,
+               dq_stride, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_MODE: gl.constexpr = 0):
     """dq's tile at (row, col) from the float32 buffer's whole sum: TMA load, times the softmax scale, cast, TMA
     store (waited for at the next cast). The caller acquired the sum through the tile's counter."""
+    if CAST_MODE == 6:  # generic loads and stores, no shared memory
+        cast_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
+        rr = gl.arange(0, 4, layout=gl.SliceLayout(1, cast_layout))[:, None]
+        cc = col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, cast_layout))[None, :]
+        for r in gl.static_range(0, BLOCK_M, 4):
+            rows = (row + r + rr).to(gl.int64)
+            x = gl.load(DQA + rows * dqa_stride + cc, cache_modifier=".cg")
+            gl.store(DQ + rows * dq_stride + cc, (x * sm_scale).to(DQ.dtype.element_ty))
+        return
     _proxy_fence_global()  # the acquired sum, visible to the TMA load
     mbarrier.expect(conv_bar, BLOCK_M * HEAD_DIM * 4)
     tma.async_copy_global_to_shared(dqa_desc, [row, col], conv_bar, conv_smem)
@@ -876,8 +885,8 @@ def _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row, co
 
 
 @gluon.jit
-def _bwd_dq_caster(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, n_n, sm_scale,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr,
+def _bwd_dq_caster(dqa_desc, dq_desc, DQ_COUNT, DQA, DQ, dqa_stride, dq_stride, conv_smem, out_smem, conv_bar, queue,
+                   q_full, q_empty, n_n, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr,
                    IS_CAUSAL: gl.constexpr, FUSED_CAST: gl.constexpr, CAST_MODE: gl.constexpr = 0):
     """FUSED_CAST's fourth partition (one warp), fed by the dQ writer one key block at a time, once the block's
     reduces have completed: counts them into their query tiles (DQ_COUNT, int32 zeros, one a (batch x head, query
@@ -910,10 +919,13 @@ def _bwd_dq_caster(dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, q
                 old = gl.atomic_add(DQ_COUNT + base + tiles, gl.full([32], 1, gl.int32, layout=lane_layout),
                                     mask=valid, sem="acq_rel", scope="gpu")
                 done = gl.where(valid & (old == need - 1), 1, 0)
+                if CAST_MODE == 7:  # experiment: mark each cast tile by 1000 in its counter
+                    mark = gl.atomic_add(DQ_COUNT + base + tiles, done * 1000, mask=valid)
+                    done = done + mark * 0
                 for j in range(0, gl.minimum(n_end - t0, 32)):
-                    if (gl.sum(gl.where(lane == j, done, 0), axis=0) != 0) & (CAST_MODE != 3):
+                    if (gl.sum(gl.where(lane == j, done, 0), axis=0) != 0) & (CAST_MODE != 3) & (CAST_MODE != 7):
                         _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row0 + (t0 + j) * BLOCK_M,
-                                   col, sm_scale, BLOCK_M, HEAD_DIM, CAST_MODE)
+                                   col, sm_scale, DQA, DQ, dqa_stride, dq_stride, BLOCK_M, HEAD_DIM, CAST_MODE)
                         n_cast += 1
             n += 1
             c = n % CAST_QUEUE
@@ -1076,8 +1088,9 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
 
 
 @gluon.jit
-def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_desc, LSE, DELTA, SEED, DQ_COUNT,
-                seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
+def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_desc, LSE, DELTA, SEED, DQ_COUNT, DQA,
+                DQ, seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, dq_stride,
+                HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
                 STATS_AT_USE: gl.constexpr = False, FUSED_CAST: gl.constexpr = False):
@@ -1255,8 +1268,8 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
 
 @gluon.jit
 def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_desc, LSE, DELTA, SEED,
-                      DQ_COUNT, seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale,
-                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      DQ_COUNT, DQA, DQ, seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale,
+                      dq_stride, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
                       ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False,
                       FUSED_CAST: gl.constexpr = False, CAST_MODE: gl.constexpr = 0):
@@ -1322,7 +1335,8 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
             (_bwd_dq_writer, (dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
                               seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
                               FUSED_CAST)),
-            (_bwd_dq_caster, (dqa_desc, dq_desc, DQ_COUNT, conv_smem, out_smem, conv_bar, queue, q_full, q_empty, n_n,
+            (_bwd_dq_caster, (dqa_desc, dq_desc, DQ_COUNT, DQA, DQ, nheads * HEAD_DIM, dq_stride, conv_smem, out_smem, conv_bar,
+                          queue, q_full, q_empty, n_n,
                               sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAST_QUEUE, IS_CAUSAL, FUSED_CAST, CAST_MODE))],
             [4, 1, 1, 1], [CONSUMER_REGS, 24, 24, 24])
     else:
@@ -1400,8 +1414,8 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     dqa_desc = head_tiles(dqa, block_m, lay["dqa_layout"])
     args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), dqa_desc,
             queries(dq) if fused_cast else dqa_desc, lse, delta, seed_arg,
-            zeroed[n_dq:].view(torch.int32) if fused_cast else lse, seqlen, nheads, batch * nheads,
-            softmax_scale * LOG2E, softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
+            zeroed[n_dq:].view(torch.int32) if fused_cast else lse, dqa, dq, seqlen, nheads, batch * nheads,
+            softmax_scale * LOG2E, softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale, dq.stride(1))
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                   IS_CAUSAL=causal, ds_layout=lay["ds_layout"])
     if split:

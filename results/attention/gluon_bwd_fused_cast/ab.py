@@ -24,7 +24,10 @@ import kernels.flash as F  # noqa: E402
 import kernels.flash_gluon as G  # noqa: E402
 
 
-def fused(on: bool, fn):
+def fused(on: bool, fn, mode: int | None = None):
+    """fn with the fused cast on or off; mode: the experiment's CAST_MODE (the kernel's default if None)."""
+    if on and mode is not None:
+        fn = launch_with(fn, (G._bwd_split_kernel,), {"CAST_MODE": mode})
     return with_setting(G, "BWD_FUSED_CAST_HEAD_DIMS", (64,) if on else (), fn)
 
 
@@ -47,7 +50,7 @@ def inputs(b, n, h, causal, p, packed=False):
     return bwd
 
 
-def check():
+def check(mode=None):
     bad = 0
     for b, n, h, causal, p, programs, packed in [
             (2, 1024, 4, False, 0.0, None, False), (2, 1024, 4, True, 0.0, None, False),
@@ -60,7 +63,7 @@ def check():
         scale_dq = ref[0].float().abs().max().item()
         worst, same_kv = 0.0, True
         for _ in range(10):
-            got = fused(True, lambda: bwd(programs))()
+            got = fused(True, lambda: bwd(programs), mode)()
             worst = max(worst, (got[0].float() - ref[0].float()).abs().max().item() / scale_dq)
             same_kv &= torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
         ok = same_kv and worst < 1e-2
@@ -79,12 +82,35 @@ def parts():
         bwd = inputs(b, n, h, causal, p)
         run = lambda: bwd()  # noqa: E731
         forms = {"shipped": fused(False, run)}
-        for name, k in (("count_only", 3), ("load_only", 2), ("load_convert", 4), ("load_fence", 5), ("no_store", 1),
-                        ("full", 0)):
-            forms[name] = fused(True, launch_with(run, (G._bwd_split_kernel,), {"CAST_MODE": k}))
+        for name, k in (("count_only", 3), ("full", 0), ("generic", 6)):
+            forms[name] = fused(True, run, k)
         med, times = eager_and_graphed(forms, ())
         print(json.dumps(dict(batch=b, seqlen=n, heads=h, causal=causal, dropout=p, what="bwd",
                               ms={k_: round(v_, 4) for k_, v_ in med.items()})), flush=True)
+
+
+def casts():
+    """How often each query tile is cast (CAST_MODE 7: each cast adds 1000 to the tile's counter instead)."""
+    for b, n, h, causal in [(16, 1024, 12, True), (4, 4096, 32, False), (2, 1024, 4, False)]:
+        bwd = inputs(b, n, h, causal, 0.0)
+        seen = []
+        real = G.launch
+
+        def spy(kernel, grid, args, consts):
+            seen.append(args[11])
+            real(kernel, grid, args, consts)
+        G.launch = spy
+        try:
+            fused(True, bwd, 7)()
+        finally:
+            G.launch = real
+        torch.cuda.synchronize()
+        counts = seen[0].view(b * h, n // 64).cpu()
+        tiles = torch.arange(n // 64)
+        need = (tiles * 64 + 63) // 128 + 1 if causal else torch.full_like(tiles, n // 128)
+        print(json.dumps(dict(batch=b, seqlen=n, heads=h, causal=causal,
+                              counts_equal_need=bool(((counts % 1000) == need).all()),
+                              casts_per_tile=torch.bincount((counts // 1000).flatten()).tolist())), flush=True)
 
 
 def bench():
@@ -101,4 +127,4 @@ def bench():
 
 
 if __name__ == "__main__":
-    {"check": check, "bench": bench, "parts": parts}[sys.argv[1]]()
+    {"check": check, "bench": bench, "parts": parts, "casts": casts}[sys.argv[1]](*map(int, sys.argv[2:]))
