@@ -699,9 +699,6 @@ BWD_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 1024, (128, 
 # ab_h100.jsonl; eager / graphed): non-causal 1.13x / 1.12x at 1K, 1.20x at 4K; causal 1.02x / 1.05x at 2K, 1.06x /
 # 1.10x at 4K, a tie at GPT-2's shape (0.995x / 1.003x) and 0.97x at 1K with 32 heads.
 BWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 2048}
-# Head dims whose backward casts dQ in the kernel: the last key block to add into a query tile's float32 dQ casts it
-# into dq (`_bwd_dq_writer`'s FUSED_CAST), instead of a pass over the whole float32 buffer after the kernel.
-BWD_FUSED_CAST_HEAD_DIMS = ()
 
 
 @_core.builtin
@@ -776,183 +773,11 @@ def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem
             it += 1
 
 
-@gluon.constexpr_function
-def _bulk_complete_asm(pending):
-    return f"cp.async.bulk.wait_group {pending}; fence.proxy.async.global; mov.b32 $0, 0;"
-
-
 @gluon.jit
-def _bulk_complete(PENDING: gl.constexpr):
-    """This warp's bulk async groups but the newest PENDING completed, their writes to global memory performed
-    (`tma.store_wait` waits only until their shared-memory reads are done), then ordered before the thread's later
-    generic-proxy accesses (the counter's release). One element a thread; not pure, so it stays where it is."""
-    one = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
-    gl.inline_asm_elementwise(_bulk_complete_asm(PENDING), "=r,r", [one], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _proxy_fence_global():
-    """fence.proxy.async.global: what this thread acquired through the generic proxy, visible to its TMA loads."""
-    one = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
-    gl.inline_asm_elementwise("fence.proxy.async.global; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _cast_buffers(dqa_desc, dq_desc, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr,
-                  FUSED_CAST: gl.constexpr):
-    """`_bwd_dq_caster`'s shared memory: a float32 dQ tile, its cast in dq's dtype, the load's barrier and the queue of
-    tiles to cast (CAST_QUEUE slots of (row, column) with their full / empty barriers); one-element stand-ins, never
-    initialised or read, without FUSED_CAST."""
-    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    if FUSED_CAST:
-        conv_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dqa_desc.layout)
-        out_smem = gl.allocate_shared_memory(dq_desc.dtype, [BLOCK_M, HEAD_DIM], dq_desc.layout)
-        queue = gl.allocate_shared_memory(gl.int32, [CAST_QUEUE, 1, 32], plain)
-        conv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_full = gl.allocate_shared_memory(gl.int64, [CAST_QUEUE, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [CAST_QUEUE, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(conv_bar, count=1)
-        for i in gl.static_range(CAST_QUEUE):
-            mbarrier.init(q_full.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=1)
-    else:
-        conv_smem = gl.allocate_shared_memory(gl.float32, [1, 1], plain)
-        out_smem = gl.allocate_shared_memory(gl.float32, [1, 1], plain)
-        queue = gl.allocate_shared_memory(gl.int32, [1, 1, 32], plain)
-        conv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    return conv_smem, out_smem, conv_bar, queue, q_full, q_empty
-
-
-@gluon.constexpr_function
-def _entry_layout():
-    """A (1, 32) queue entry over one warp's lanes."""
-    return gl.BlockedLayout([1, 1], [1, 32], [1, 1], [1, 0])
-
-
-@gluon.jit
-def _lane_value(v, j):
-    """Element j of a (1, 32) one-warp tensor in `_entry_layout`, as a scalar on every lane."""
-    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, _entry_layout()))[None, :]
-    return gl.sum(gl.sum(gl.where(lane == j, v, 0), axis=1), axis=0)
-
-
-@gluon.jit
-def _queue_entry(queue, q_full, q_empty, n_queued, row0, col, base, lo, n_end, CAST_QUEUE: gl.constexpr):
-    """Queue one counted key block for `_bwd_dq_caster`: its first row and column, its (batch x head)'s first
-    counter and its query tiles lo .. n_end - 1 (row0 -1: no more). Returns the entries queued so far."""
-    c = n_queued % CAST_QUEUE
-    mbarrier.wait(q_empty.index(c), ((n_queued // CAST_QUEUE) & 1) ^ 1)
-    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, _entry_layout()))[None, :]
-    entry = gl.where(lane == 0, row0, gl.where(lane == 1, col, gl.where(lane == 2, base, gl.where(lane == 3, lo,
-                                                                                                  n_end))))
-    queue.index(c).store(entry)
-    mbarrier.arrive(q_full.index(c))  # releases the entry, and the reduces the writer saw complete, to the caster
-    return n_queued + 1
-
-
-@gluon.jit
-def _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row, col, sm_scale, DQA, DQ, dqa_stride,
-               dq_stride, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_MODE: gl.constexpr = 0):
-    """dq's tile at (row, col) from the float32 buffer's whole sum: TMA load, times the softmax scale, cast, TMA
-    store (waited for at the next cast). The caller acquired the sum through the tile's counter."""
-    if CAST_MODE == 6:  # generic loads and stores, no shared memory
-        cast_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
-        rr = gl.arange(0, 4, layout=gl.SliceLayout(1, cast_layout))[:, None]
-        cc = col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, cast_layout))[None, :]
-        for r in gl.static_range(0, BLOCK_M, 4):
-            rows = (row + r + rr).to(gl.int64)
-            x = gl.load(DQA + rows * dqa_stride + cc, cache_modifier=".cg")
-            gl.store(DQ + rows * dq_stride + cc, (x * sm_scale).to(DQ.dtype.element_ty))
-        return
-    _proxy_fence_global()  # the acquired sum, visible to the TMA load
-    mbarrier.expect(conv_bar, BLOCK_M * HEAD_DIM * 4)
-    tma.async_copy_global_to_shared(dqa_desc, [row, col], conv_bar, conv_smem)
-    mbarrier.wait(conv_bar, n_cast & 1)
-    tma.store_wait(0)  # the last cast's store has read out_smem
-    ROWS: gl.constexpr = 8  # the swizzle's period: a slice may not split it
-    chunk_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])
-    if (CAST_MODE < 2) or (CAST_MODE == 4):
-        for r in gl.static_range(0, BLOCK_M, ROWS):
-            x = conv_smem.slice(r, ROWS).load(chunk_layout)
-            out_smem.slice(r, ROWS).store((x * sm_scale).to(out_smem.dtype))
-    if (CAST_MODE < 2) or (CAST_MODE == 5):
-        fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-    if CAST_MODE == 0:
-        tma.async_copy_shared_to_global(dq_desc, [row, col], out_smem)
-
-
-@gluon.jit
-def _bwd_dq_caster(dqa_desc, dq_desc, DQ_COUNT, DQA, DQ, dqa_stride, dq_stride, conv_smem, out_smem, conv_bar, queue,
-                   q_full, q_empty, n_n, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, FUSED_CAST: gl.constexpr, CAST_MODE: gl.constexpr = 0):
-    """FUSED_CAST's fourth partition (one warp), fed by the dQ writer one key block at a time, once the block's
-    reduces have completed: counts them into their query tiles (DQ_COUNT, int32 zeros, one a (batch x head, query
-    tile)), 32 tiles an atomic, and casts each tile whose count that completes, its float32 sum whole, into dq, until
-    the writer queues row -1. A partition of its own, so that neither the counting nor a burst of completed tiles
-    holds up the dQ ring (results/attention/gluon_bwd_fused_cast/)."""
-    if FUSED_CAST:
-        lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        lane = gl.arange(0, 32, layout=lane_layout)
-        n = 0
-        n_cast = 0
-        mbarrier.wait(q_full.index(0), 0)
-        entry = queue.index(0).load(_entry_layout())
-        mbarrier.arrive(q_empty.index(0))
-        row0 = _lane_value(entry, 0)
-        while row0 >= 0:
-            col = _lane_value(entry, 1)
-            base = _lane_value(entry, 2)
-            lo = _lane_value(entry, 3)
-            n_end = _lane_value(entry, 4)
-            for t0 in range(lo, n_end, 32):
-                tiles = t0 + lane
-                valid = tiles < n_end
-                if IS_CAUSAL:  # key blocks starting at or before the tile's last query
-                    need = (tiles * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1
-                else:
-                    need = gl.full([32], 0, gl.int32, layout=lane_layout) + n_n
-                # acq_rel: releases these reduces (completed, proxy-fenced, handed over by the writer) to each tile's
-                # last counter, and acquires the others' for it
-                old = gl.atomic_add(DQ_COUNT + base + tiles, gl.full([32], 1, gl.int32, layout=lane_layout),
-                                    mask=valid, sem="acq_rel", scope="gpu")
-                done = gl.where(valid & (old == need - 1), 1, 0)
-                if CAST_MODE == 7:  # experiment: mark each cast tile by 1000 in its counter
-                    mark = gl.atomic_add(DQ_COUNT + base + tiles, done * 1000, mask=valid)
-                    done = done + mark * 0
-                for j in range(0, gl.minimum(n_end - t0, 32)):
-                    if (gl.sum(gl.where(lane == j, done, 0), axis=0) != 0) & (CAST_MODE != 3) & (CAST_MODE != 7):
-                        _cast_tile(dqa_desc, dq_desc, conv_smem, out_smem, conv_bar, n_cast, row0 + (t0 + j) * BLOCK_M,
-                                   col, sm_scale, DQA, DQ, dqa_stride, dq_stride, BLOCK_M, HEAD_DIM, CAST_MODE)
-                        n_cast += 1
-            n += 1
-            c = n % CAST_QUEUE
-            mbarrier.wait(q_full.index(c), (n // CAST_QUEUE) & 1)
-            entry = queue.index(c).load(_entry_layout())
-            mbarrier.arrive(q_empty.index(c))
-            row0 = _lane_value(entry, 0)
-        tma.store_wait(0)
-
-
-@gluon.jit
-def _bwd_dq_writer(dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
-                   head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                   CAST_QUEUE: gl.constexpr = 1, FUSED_CAST: gl.constexpr = False):
-    """Adds each dQ_i from the ring to the float32 buffer by one TMA reduce and frees the slot. FUSED_CAST: once a key
-    block's reduces have completed, waited for after the next block's first reduce (when they have long completed),
-    queues the block for `_bwd_dq_caster`, which counts them and casts the tiles they complete, so no pass over the
-    float32 buffer follows the kernel."""
+def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr,
+                   IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     g = 0
-    n_queued = 0
-    n_m = seqlen // BLOCK_M
-    prev_row0 = -1  # the last key block's, until it is queued
-    prev_col = 0
-    prev_base = 0
-    prev_lo = 0
-    prev_end = 0
     for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
         for half in range(count):
@@ -964,23 +789,7 @@ def _bwd_dq_writer(dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty,
                 tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
                 tma.store_wait(0)  # the TMA unit has read the slot
                 mbarrier.arrive(dq_empty.index(s))
-                if FUSED_CAST:
-                    if (i == lo) & (prev_row0 >= 0):
-                        _bulk_complete(1)  # every reduce but the one just issued: the last key block's
-                        n_queued = _queue_entry(queue, q_full, q_empty, n_queued, prev_row0, prev_col, prev_base,
-                                                prev_lo, prev_end, CAST_QUEUE)
                 g += 1
-            prev_row0 = row0
-            prev_col = col
-            prev_base = bh * n_m
-            prev_lo = lo
-            prev_end = n_end
-    if FUSED_CAST:
-        _bulk_complete(0)
-        if prev_row0 >= 0:
-            n_queued = _queue_entry(queue, q_full, q_empty, n_queued, prev_row0, prev_col, prev_base, prev_lo,
-                                    prev_end, CAST_QUEUE)
-        _queue_entry(queue, q_full, q_empty, n_queued, -1, 0, 0, 0, 0, CAST_QUEUE)
 
 
 @gluon.jit
@@ -1088,20 +897,16 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
 
 
 @gluon.jit
-def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_desc, LSE, DELTA, SEED, DQ_COUNT, DQA,
-                DQ, seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, dq_stride,
-                HEAD_DIM: gl.constexpr,
+def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads, n_bh,
+                qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
-                STATS_AT_USE: gl.constexpr = False, FUSED_CAST: gl.constexpr = False):
+                STATS_AT_USE: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
-    # FUSED_CAST (`_bwd_dq_writer`): dq_desc, in q's tiles, receives dQ cast from the float32 buffer, counted in
-    # DQ_COUNT (int32 zeros, batch * nheads * seqlen // BLOCK_M); without it both are placeholders.
     # SEED, drop_thresh, drop_scale: `_bwd_split_kernel`'s dropout, which this kernel does not take (the launcher
     # passes both kernels one argument list)
     # Each program runs work units pid, pid + programs, ... (`_work_unit` over single key blocks), one K/V buffer
-    gl.static_assert(not FUSED_CAST, "the fused cast runs in `_bwd_split_kernel` only")
     KV_BUFFERS: gl.constexpr = 1
     PAIRED: gl.constexpr = False
     dtype: gl.constexpr = q_desc.dtype
@@ -1117,9 +922,6 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_
     else:  # not read: P^T stays in registers
         pt_smem = ds_smem
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
-    CAST_QUEUE: gl.constexpr = 8
-    conv_smem, out_smem, conv_bar, queue, q_full, q_empty = _cast_buffers(dqa_desc, dq_desc, BLOCK_M, HEAD_DIM,
-                                                                          CAST_QUEUE, FUSED_CAST)
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
@@ -1148,9 +950,8 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-        (_bwd_dq_writer, (dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
-                          seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
-                          FUSED_CAST))],
+        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
         [1, 1], [24, 24])
 
 
@@ -1267,12 +1068,11 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
 
 
 @gluon.jit
-def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, dq_desc, LSE, DELTA, SEED,
-                      DQ_COUNT, DQA, DQ, seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale,
-                      dq_stride, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                      ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False,
-                      FUSED_CAST: gl.constexpr = False, CAST_MODE: gl.constexpr = 0):
+def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads,
+                      n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+                      KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1287,9 +1087,6 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [4, SUB_N, BLOCK_M], ds_layout)  # [tile buffer x warpgroup half]
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
-    CAST_QUEUE: gl.constexpr = 8
-    conv_smem, out_smem, conv_bar, queue, q_full, q_empty = _cast_buffers(dqa_desc, dq_desc, BLOCK_M, HEAD_DIM,
-                                                                          CAST_QUEUE, FUSED_CAST)
     # with dropout, each warpgroup's keep-mask of its S^T tile (int8, keys x queries); a one-byte stand-in without
     keep_smem = gl.allocate_shared_memory(gl.int8, [2, SUB_N, BLOCK_M] if HAS_DROPOUT else [2, 1, 1],
                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -1318,44 +1115,21 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
         mbarrier.init(dq_empty.index(i), count=1)
     fence_async_shared()
     # each compute partition's index goes in as a constexpr, one `_bwd_half` per index (see `_fwd_kernel`)
-    # the caster is a partition only with FUSED_CAST: an idle warp would change the others' register split
-    if FUSED_CAST:
-        gl.warp_specialize([
-            (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
-            (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
-            (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
-                           empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                           BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-            (_bwd_dq_writer, (dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
-                              seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
-                              FUSED_CAST)),
-            (_bwd_dq_caster, (dqa_desc, dq_desc, DQ_COUNT, DQA, DQ, nheads * HEAD_DIM, dq_stride, conv_smem, out_smem, conv_bar,
-                          queue, q_full, q_empty, n_n,
-                              sm_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAST_QUEUE, IS_CAUSAL, FUSED_CAST, CAST_MODE))],
-            [4, 1, 1, 1], [CONSUMER_REGS, 24, 24, 24])
-    else:
-        gl.warp_specialize([
-            (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
-            (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
-            (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
-                           empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                           BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-            (_bwd_dq_writer, (dqa_desc, dq_smem, queue, q_full, q_empty, dq_full, dq_empty, n_n, n_bh, nheads,
-                              seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, CAST_QUEUE,
-                              FUSED_CAST))],
-            [4, 1, 1], [CONSUMER_REGS, 24, 24])
+    gl.warp_specialize([
+        (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                      delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+        (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                      delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+        (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
+                       empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
+        [4, 1, 1], [CONSUMER_REGS, 24, 24])
 
 
 @functools.lru_cache(maxsize=None)
@@ -1398,33 +1172,24 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     if dropout_p > 0 and head_dim not in BWD_SPLIT_HEAD_DIMS:
         raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS}")
     seed_arg, thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed, lse)
-    fused_cast = head_dim in BWD_FUSED_CAST_HEAD_DIMS
+    dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
-    # the float32 dQ sum and, with the fused cast, one int32 count a query tile after it: zeroed by one fill
-    n_dq = batch * seqlen * nheads * head_dim
-    zeroed = torch.zeros(n_dq + (batch * nheads * (seqlen // block_m) if fused_cast else 0), dtype=torch.float32,
-                         device=q.device)
-    dqa = zeroed[:n_dq].view(batch, seqlen, nheads, head_dim)
     split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
     grid = _grid(seqlen // block_n, batch * nheads, causal and split, split, programs, q.device)
     lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype], split)
     queries = lambda t: head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
     dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
-    dqa_desc = head_tiles(dqa, block_m, lay["dqa_layout"])
-    args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), dqa_desc,
-            queries(dq) if fused_cast else dqa_desc, lse, delta, seed_arg,
-            zeroed[n_dq:].view(torch.int32) if fused_cast else lse, dqa, dq, seqlen, nheads, batch * nheads,
-            softmax_scale * LOG2E, softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale, dq.stride(1))
+    args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
+            lse, delta, seed_arg, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
+            softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                   IS_CAUSAL=causal, ds_layout=lay["ds_layout"])
     if split:
         launch(_bwd_split_kernel, grid, args, dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal,
                                                    CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
-                                                   FUSED_CAST=fused_cast, num_warps=4))
+                                                   num_warps=4))
     else:
         launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
-                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
-                                             FUSED_CAST=fused_cast))
-    if not fused_cast:
-        torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
+                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS))
+    torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

@@ -273,16 +273,13 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
 
 
 def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, patch: str = "",
-                     dropout: bool = False, fused_cast: bool | None = None) -> dict:
+                     dropout: bool = False) -> dict:
     """compile_sm90 of the Gluon backward kernel that gluon_backward launches at this head dim, with its tiles and
     schedule (flash_gluon.BWD_TILES; `_bwd_split_kernel`, persistent with BWD_SPLIT_KV_BUFFERS, at
     BWD_SPLIT_HEAD_DIMS, else `_bwd_kernel`), or with `tiles` (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) instead;
     `patch`: Python run first in the compiling process with flash_gluon as G (an experiment's other layout, say);
-    dropout: the split kernel's HAS_DROPOUT; fused_cast: FUSED_CAST (default: as launched, BWD_FUSED_CAST_HEAD_DIMS)."""
+    dropout: the split kernel's HAS_DROPOUT."""
     import kernels.flash_gluon as G
-
-    if fused_cast is None:
-        fused_cast = head_dim in G.BWD_FUSED_CAST_HEAD_DIMS
 
     block_m, block_n, stages, dq_stages = tiles or G.BWD_TILES[head_dim]
     setup = "; ".join(line for line in (
@@ -291,7 +288,7 @@ def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, pa
         f"lay = G.bwd_layouts({head_dim}, gl.bfloat16, {head_dim} in G.BWD_SPLIT_HEAD_DIMS)",
         f"desc = lambda r, l, t='bf16': R.tensordesc(t, [r, {head_dim}], lay[l])") if line)
     consts = (f"dict(HEAD_DIM={head_dim}, BLOCK_M={block_m}, BLOCK_N={block_n}, STAGES={stages}, "
-              f"DQ_STAGES={dq_stages}, IS_CAUSAL={causal}, ds_layout=lay['ds_layout'], FUSED_CAST={fused_cast}, ")
+              f"DQ_STAGES={dq_stages}, IS_CAUSAL={causal}, ds_layout=lay['ds_layout'], ")
     split = head_dim in G.BWD_SPLIT_HEAD_DIMS
     if split:  # as gluon_backward launches it
         consts += (f"KV_BUFFERS=G.BWD_SPLIT_KV_BUFFERS, PAIRED={causal}, CONSUMER_REGS=G.CONSUMER_REGS, "
@@ -302,8 +299,7 @@ def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, pa
     types = (f"dict(q_desc=desc({block_m}, 'q_layout'), do_desc=desc({block_m}, 'q_layout'), "
              f"k_desc=desc({block_n}, 'kv_layout'), v_desc=desc({block_n}, 'kv_layout'), "
              f"dk_desc=desc({dkv_rows}, 'dkv_layout'), dv_desc=desc({dkv_rows}, 'dkv_layout'), "
-             f"dqa_desc=desc({block_m}, 'dqa_layout', 'fp32'), "
-             + (f"dq_desc=desc({block_m}, 'q_layout'))" if fused_cast else f"dq_desc=desc({block_m}, 'dqa_layout', 'fp32'))"))
+             f"dqa_desc=desc({block_m}, 'dqa_layout', 'fp32'))")
     kernel, warps = ("G._bwd_split_kernel", 4) if split else ("G._bwd_kernel", G.BWD_WARPS)
     return compile_sm90(kernel, consts, warps, stages, setup, types)
 
