@@ -699,11 +699,6 @@ BWD_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 1024, (128, 
 # ab_h100.jsonl; eager / graphed): non-causal 1.13x / 1.12x at 1K, 1.20x at 4K; causal 1.02x / 1.05x at 2K, 1.06x /
 # 1.10x at 4K, a tie at GPT-2's shape (0.995x / 1.003x) and 0.97x at 1K with 32 heads.
 BWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 2048}
-# Head dims whose backward casts dQ inside `_bwd_split_kernel` (FUSED_CAST, prepared in session 41, not yet measured):
-# the key block that completes a query tile's float32 sum (per-tile counters) has its tile cast into dq by the compute
-# warpgroups at their next key-block boundary, instead of a pass over the whole buffer after the kernel (33 us of the
-# 0.235 ms GPT-2 backward). A side warp casting measured 0.55-0.94x (results/attention/gluon_bwd_fused_cast/).
-BWD_FUSED_CAST_HEAD_DIMS = ()
 
 
 @_core.builtin
@@ -795,141 +790,6 @@ def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seql
                 tma.store_wait(0)  # the TMA unit has read the slot
                 mbarrier.arrive(dq_empty.index(s))
                 g += 1
-
-
-@gluon.constexpr_function
-def _bulk_complete_asm(pending):
-    return f"cp.async.bulk.wait_group {pending}; fence.proxy.async.global; mov.b32 $0, 0;"
-
-
-@gluon.jit
-def _bulk_complete(PENDING: gl.constexpr):
-    """This warp's bulk async groups but the newest PENDING completed, their writes to global memory performed
-    (`tma.store_wait` waits only until their shared-memory reads are done), and ordered before the thread's later
-    generic-proxy accesses. One element a thread; not pure, so it stays where it is."""
-    one = gl.full([32], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0]))
-    gl.inline_asm_elementwise(_bulk_complete_asm(PENDING), "=r,r", [one], dtype=gl.int32, is_pure=False, pack=1)
-
-
-# FUSED_CAST's queue entry, one a key block: (1, 32) int32 over one warp's lanes, [first row of its (batch, head),
-# column, first query tile, query tiles end, then one bit a query tile: 28 words, 896 tiles]
-CAST_MASK_WORDS = 28
-
-
-@gluon.constexpr_function
-def _entry_layout(warps):
-    return gl.BlockedLayout([1, 1], [1, 32], [1, warps], [1, 0])
-
-
-@gluon.jit
-def _entry_value(entry, j, WARPS: gl.constexpr):
-    """Word j of a queue entry (1, 32), as a scalar."""
-    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, _entry_layout(WARPS)))[None, :]
-    return gl.sum(gl.sum(gl.where(lane == j, entry, 0), axis=1), axis=0)
-
-
-@gluon.jit
-def _count_key_block(DQ_COUNT, queue, q_full, q_empty, n_queued, base, row0, col, lo, n_end, n_n,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, CAST_QUEUE: gl.constexpr):
-    """The dQ writer's FUSED_CAST step for one key block whose reduces have completed (`_bulk_complete`): count them
-    into its query tiles lo .. n_end - 1 (DQ_COUNT + base: one int32 a query tile of this batch x head), 32 tiles an
-    atomic, and queue the block with one bit a tile whose count that completed, for the compute warpgroups to cast
-    (`_cast_done_tiles`). Returns the entries queued so far."""
-    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    lane = gl.arange(0, 32, layout=lane_layout)
-    elane = gl.arange(0, 32, layout=gl.SliceLayout(0, _entry_layout(1)))[None, :]
-    entry = gl.where(elane == 0, row0, gl.where(elane == 1, col, gl.where(elane == 2, lo, n_end)))
-    for w in range(lo // 32, (n_end + 31) // 32):
-        tiles = w * 32 + lane
-        valid = (tiles >= lo) & (tiles < n_end)
-        if IS_CAUSAL:  # key blocks starting at or before the tile's last query
-            need = (tiles * BLOCK_M + BLOCK_M - 1) // BLOCK_N + 1
-        else:
-            need = gl.full([32], 0, gl.int32, layout=lane_layout) + n_n
-        # acq_rel: releases this block's reduces (completed and proxy-fenced) to each tile's last counter, and acquires
-        # the other blocks' for it
-        old = gl.atomic_add(DQ_COUNT + base + tiles, gl.full([32], 1, gl.int32, layout=lane_layout), mask=valid,
-                            sem="acq_rel", scope="gpu")
-        word = gl.sum(gl.where(valid & (old == need - 1), gl.full([32], 1, gl.int32, layout=lane_layout) << lane, 0),
-                      axis=0)
-        entry = gl.where(elane == 4 + w, word, entry)
-    c = n_queued % CAST_QUEUE
-    mbarrier.wait(q_empty.index(c), ((n_queued // CAST_QUEUE) & 1) ^ 1)
-    queue.index(c).store(entry)
-    mbarrier.arrive(q_full.index(c))  # releases the entry, and the sums acquired, to the compute warpgroups
-    return n_queued + 1
-
-
-@gluon.jit
-def _bwd_dq_counting_writer(dqa_desc, dq_smem, dq_full, dq_empty, DQ_COUNT, queue, q_full, q_empty, n_n, n_bh, nheads,
-                            seqlen, head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                            DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                            CAST_QUEUE: gl.constexpr):
-    """`_bwd_dq_writer` for FUSED_CAST: also counts each key block's reduces into its query tiles once they have
-    completed, waited for after the next block's first reduce (when they long have), and queues the block for the
-    compute warpgroups (`_count_key_block`)."""
-    g = 0
-    n_queued = 0
-    n_m = seqlen // BLOCK_M
-    prev_row0 = -1  # the last key block's, until it is counted
-    prev_col = 0
-    prev_base = 0
-    prev_lo = 0
-    prev_end = 0
-    for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
-        bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
-        for half in range(count):
-            start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
-                                                                  seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
-            for i in range(lo, n_end):
-                s = g % DQ_STAGES
-                mbarrier.wait(dq_full.index(s), (g // DQ_STAGES) & 1)
-                tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
-                tma.store_wait(0)  # the TMA unit has read the slot
-                mbarrier.arrive(dq_empty.index(s))
-                if (i == lo) & (prev_row0 >= 0):
-                    _bulk_complete(1)  # every reduce but the one just issued: the last key block's
-                    n_queued = _count_key_block(DQ_COUNT, queue, q_full, q_empty, n_queued, prev_base, prev_row0,
-                                                prev_col, prev_lo, prev_end, n_n, BLOCK_M, BLOCK_N, IS_CAUSAL,
-                                                CAST_QUEUE)
-                g += 1
-            prev_row0 = row0
-            prev_col = col
-            prev_base = bh * n_m
-            prev_lo = lo
-            prev_end = n_end
-    _bulk_complete(0)
-    if prev_row0 >= 0:
-        _count_key_block(DQ_COUNT, queue, q_full, q_empty, n_queued, prev_base, prev_row0, prev_col, prev_lo, prev_end,
-                         n_n, BLOCK_M, BLOCK_N, IS_CAUSAL, CAST_QUEUE)
-
-
-@gluon.jit
-def _cast_done_tiles(DQA, DQ, dq_stride, dqa_stride, queue, q_full, q_empty, n_popped, sm_scale, W: gl.constexpr,
-                     BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, CAST_QUEUE: gl.constexpr):
-    """Compute warpgroup W's FUSED_CAST step at a key-block boundary: take the next queued key block
-    (`_count_key_block`) and cast its half (rows 32 W .. 32 W + 31) of each query tile it completed from the float32
-    sum into dq, by loads and stores of its 128 threads. Returns the entries taken so far."""
-    c = n_popped % CAST_QUEUE
-    mbarrier.wait(q_full.index(c), (n_popped // CAST_QUEUE) & 1)
-    entry = queue.index(c).load(_entry_layout(4))
-    mbarrier.arrive(q_empty.index(c))  # count 2: both warpgroups have read it
-    row0 = _entry_value(entry, 0, 4)
-    col = _entry_value(entry, 1, 4)
-    lo = _entry_value(entry, 2, 4)
-    n_end = _entry_value(entry, 3, 4)
-    HALF: gl.constexpr = BLOCK_M // 2
-    cast_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-    rr = gl.arange(0, HALF, layout=gl.SliceLayout(1, cast_layout))[:, None]
-    cc = col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, cast_layout))[None, :]
-    for w in range(lo // 32, (n_end + 31) // 32):
-        word = _entry_value(entry, 4 + w, 4)
-        for b in range(0, 32):
-            if ((word >> b) & 1) != 0:
-                rows = (row0 + (w * 32 + b) * BLOCK_M + W * HALF + rr).to(gl.int64)
-                x = gl.load(DQA + rows * dqa_stride + cc, cache_modifier=".cg")
-                gl.store(DQ + rows * dq_stride + cc, (x * sm_scale).to(DQ.dtype.element_ty))
-    return n_popped + 1
 
 
 @gluon.jit
@@ -1037,9 +897,8 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
 
 
 @gluon.jit
-def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, DQ_COUNT, DQA, DQ,
-                seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, dq_stride,
-                HEAD_DIM: gl.constexpr,
+def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads, n_bh,
+                qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
                 STATS_AT_USE: gl.constexpr = False):
@@ -1099,19 +958,16 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
 @gluon.jit
 def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
               delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
-              seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem, DQA, DQ, dq_stride, queue,
-              q_full, q_empty, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-              PAIRED: gl.constexpr, HAS_DROPOUT: gl.constexpr, FUSED_CAST: gl.constexpr = False,
-              CAST_QUEUE: gl.constexpr = 1):
+              seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem, HEAD_DIM: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+              KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, HAS_DROPOUT: gl.constexpr):
     """`_bwd_split_kernel`'s compute warpgroup W (4 warps): keys start_n + 64 W .. + 63 of each key block. Per query
     tile g (counted over all key blocks): S^T, dP^T, P^T, dV and dK for its keys, as `_bwd_tile`, with its dS^T half
     stored to the tile's buffer b = g % 2; then, if g % 2 == W, the tile's whole dQ = dS K over both halves.
     HAS_DROPOUT: kernels.flash's dropout backward with its mask (kernels/gluon_dropout.py), drawn with queries as
     rows, where one Philox call is one thread's 8 scores, and moved to S^T's layout as int8, as kernels.flash's
     keys-as-rows dK/dV step does: dV takes P^T with the dropped scores zeroed and the kept ones scaled, dS^T takes
-    dP^T the same way. FUSED_CAST: at each key-block boundary, the previous block's completed query tiles cast into
-    dq (`_cast_done_tiles`), the last block's at the end."""
+    dP^T the same way."""
     SUB_N: gl.constexpr = BLOCK_N // 2
     st_layout: gl.constexpr = _tile_layout(4, SUB_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(4, SUB_N, HEAD_DIM)
@@ -1128,7 +984,6 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
         seed = 0
     it = 0
     g = 0
-    n_popped = 0
     for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
         for half in range(count):
@@ -1209,24 +1064,15 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
             tma.async_copy_shared_to_global(dk_desc, [row0 + start_w, col], k_w)
             tma.async_copy_shared_to_global(dv_desc, [row0 + start_w, col], v_w)
             it += 1
-            if FUSED_CAST:
-                if it >= 2:  # the block before this one has been counted (after this one's first reduce)
-                    n_popped = _cast_done_tiles(DQA, DQ, dq_stride, nheads * HEAD_DIM, queue, q_full, q_empty,
-                                                n_popped, sm_scale, W, BLOCK_M, HEAD_DIM, CAST_QUEUE)
-    if FUSED_CAST:
-        if it >= 1:  # the last block, counted once its reduces completed
-            _cast_done_tiles(DQA, DQ, dq_stride, nheads * HEAD_DIM, queue, q_full, q_empty, n_popped, sm_scale, W,
-                             BLOCK_M, HEAD_DIM, CAST_QUEUE)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, DQ_COUNT, DQA, DQ,
-                      seqlen, nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, dq_stride,
-                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                      ds_layout: gl.constexpr, CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False,
-                      FUSED_CAST: gl.constexpr = False):
+def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads,
+                      n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+                      KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1267,55 +1113,23 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
     for i in gl.static_range(DQ_STAGES):
         mbarrier.init(dq_full.index(i), count=1)
         mbarrier.init(dq_empty.index(i), count=1)
-    # FUSED_CAST's queue of counted key blocks (`_count_key_block`), read by both compute warpgroups; stand-ins, never
-    # initialised or read, without it
-    CAST_QUEUE: gl.constexpr = 4 if FUSED_CAST else 1
-    queue = gl.allocate_shared_memory(gl.int32, [CAST_QUEUE, 1, 32], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    q_full = gl.allocate_shared_memory(gl.int64, [CAST_QUEUE, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [CAST_QUEUE, 1], mbarrier.MBarrierLayout())
-    if FUSED_CAST:
-        for i in gl.static_range(CAST_QUEUE):
-            mbarrier.init(q_full.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=2)  # both warpgroups have read the entry
     fence_async_shared()
     # each compute partition's index goes in as a constexpr, one `_bwd_half` per index (see `_fwd_kernel`)
-    if FUSED_CAST:
-        gl.warp_specialize([
-            (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                          DQA, DQ, dq_stride, queue, q_full, q_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                          KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT, FUSED_CAST, CAST_QUEUE)),
-            (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                          DQA, DQ, dq_stride, queue, q_full, q_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                          KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT, FUSED_CAST, CAST_QUEUE)),
-            (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
-                           empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                           BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-            (_bwd_dq_counting_writer, (dqa_desc, dq_smem, dq_full, dq_empty, DQ_COUNT, queue, q_full, q_empty, n_n, n_bh,
-                                       nheads, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL,
-                                       PAIRED, CAST_QUEUE))],
-            [4, 1, 1], [CONSUMER_REGS, 24, 24])
-    else:
-        gl.warp_specialize([
-            (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                          DQA, DQ, dq_stride, queue, q_full, q_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                          KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
-            (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
-                          delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                          nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                          DQA, DQ, dq_stride, queue, q_full, q_empty, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                          KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
-            (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
-                           empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                           BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
-            (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                              BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
-            [4, 1, 1], [CONSUMER_REGS, 24, 24])
+    gl.warp_specialize([
+        (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                      delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+        (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
+                      delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
+                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+        (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
+                       empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
+        [4, 1, 1], [CONSUMER_REGS, 24, 24])
 
 
 @functools.lru_cache(maxsize=None)
@@ -1358,31 +1172,24 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     if dropout_p > 0 and head_dim not in BWD_SPLIT_HEAD_DIMS:
         raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS}")
     seed_arg, thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed, lse)
-    split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
-    fused_cast = split and head_dim in BWD_FUSED_CAST_HEAD_DIMS and seqlen <= 32 * CAST_MASK_WORDS * BWD_TILES[head_dim][0]
-    # the float32 dQ sum and, with the fused cast, one int32 count a query tile after it: zeroed by one fill
-    n_dq = batch * seqlen * nheads * head_dim
-    zeroed = torch.zeros(n_dq + (batch * nheads * (seqlen // BWD_TILES[head_dim][0]) if fused_cast else 0),
-                         dtype=torch.float32, device=q.device)
-    dqa = zeroed[:n_dq].view(batch, seqlen, nheads, head_dim)
+    dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
+    split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
     grid = _grid(seqlen // block_n, batch * nheads, causal and split, split, programs, q.device)
     lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype], split)
     queries = lambda t: head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
     dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
     args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
-            lse, delta, seed_arg, zeroed[n_dq:].view(torch.int32) if fused_cast else lse, dqa, dq, seqlen, nheads,
-            batch * nheads, softmax_scale * LOG2E, softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale,
-            dq.stride(1))
+            lse, delta, seed_arg, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
+            softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                   IS_CAUSAL=causal, ds_layout=lay["ds_layout"])
     if split:
         launch(_bwd_split_kernel, grid, args, dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal,
                                                    CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
-                                                   FUSED_CAST=fused_cast, num_warps=4))
+                                                   num_warps=4))
     else:
         launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
                                              STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS))
-    if not fused_cast:
-        torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
+    torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer

@@ -26,7 +26,7 @@ from _common import repo_root, run_metadata
 repo_root()
 import kernels.flash as F  # noqa: E402
 
-_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "DQA": "*fp32", "SEED": "*i64", "DQ_COUNT": "*i32", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
+_TYPES = {"LSE": "*fp32", "DELTA": "*fp32", "DQA": "*fp32", "SEED": "*i64", "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32"}
 _TENSORS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ"}
 _FLOATS = {"qk_scale", "sm_scale", "drop_scale"}
 _DIVISIBLE = ("stride_", "seqlen", "TUNE_", "total_rows")  # as Triton specialises ints divisible by 16 at launch

@@ -273,12 +273,12 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
 
 
 def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, patch: str = "",
-                     dropout: bool = False, fused_cast: bool = False) -> dict:
+                     dropout: bool = False) -> dict:
     """compile_sm90 of the Gluon backward kernel that gluon_backward launches at this head dim, with its tiles and
     schedule (flash_gluon.BWD_TILES; `_bwd_split_kernel`, persistent with BWD_SPLIT_KV_BUFFERS, at
     BWD_SPLIT_HEAD_DIMS, else `_bwd_kernel`), or with `tiles` (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) instead;
     `patch`: Python run first in the compiling process with flash_gluon as G (an experiment's other layout, say);
-    dropout: the split kernel's HAS_DROPOUT; fused_cast: its FUSED_CAST."""
+    dropout: the split kernel's HAS_DROPOUT."""
     import kernels.flash_gluon as G
 
     block_m, block_n, stages, dq_stages = tiles or G.BWD_TILES[head_dim]
@@ -292,7 +292,7 @@ def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, pa
     split = head_dim in G.BWD_SPLIT_HEAD_DIMS
     if split:  # as gluon_backward launches it
         consts += (f"KV_BUFFERS=G.BWD_SPLIT_KV_BUFFERS, PAIRED={causal}, CONSUMER_REGS=G.CONSUMER_REGS, "
-                   f"HAS_DROPOUT={dropout}, FUSED_CAST={fused_cast})")
+                   f"HAS_DROPOUT={dropout})")
     else:
         consts += "WARPS=G.BWD_WARPS)"
     dkv_rows = block_n // 2 if split else block_n
