@@ -1076,6 +1076,37 @@ def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_s
     return delta
 
 
+@triton.jit
+def _scale_cast_kernel(SRC, DST, n_rows, dst_row_stride, scale, ROW: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    keep = rows < n_rows
+    x = tl.load(SRC + rows.to(tl.int64) * ROW + cols, mask=keep)
+    tl.store(DST + rows.to(tl.int64) * dst_row_stride + cols, (x * scale).to(DST.dtype.element_ty), mask=keep)
+
+
+def scale_cast(src: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    """out = src * scale in out's dtype, as `torch.mul(src, scale, out=out)` computes it (float32 product, one
+    rounding), for a contiguous float32 src and an out of its shape whose rows (all but the last two dims) are one
+    stride apart with heads and head dim dense (dq of the Gluon backward: a fresh tensor or a view of a packed
+    dqkv). PyTorch runs a dtype-changing mul through its unrolled, unvectorised kernel: 2.2 TB/s at GPT-2's dQ."""
+    heads, head_dim = out.shape[-2], out.shape[-1]
+    row_stride = out.stride(-3)
+    dense_rows = all(out.stride(i) == out.shape[i + 1] * out.stride(i + 1) for i in range(out.dim() - 3))
+    if not (src.is_contiguous() and src.dtype == torch.float32 and src.shape == out.shape and dense_rows
+            and out.stride(-1) == 1 and out.stride(-2) == head_dim and head_dim >= 16
+            and head_dim & (head_dim - 1) == 0):
+        raise ValueError(f"scale_cast: src must be contiguous float32 of out's shape, out's heads and rows dense, the "
+                         f"head dim a power of 2 from 16; got "
+                         f"src {src.dtype} {tuple(src.shape)}, out {tuple(out.shape)} strides {out.stride()}")
+    n_rows = out.numel() // (heads * head_dim)
+    block_c = min(128, head_dim)
+    block_r = 4 if _interpreting() else 32
+    launch(_scale_cast_kernel, (cdiv(n_rows, block_r), heads * head_dim // block_c),
+           (src, out, n_rows, row_stride, float(scale)), dict(ROW=heads * head_dim, BLOCK_R=block_r, BLOCK_C=block_c))
+
+
 def problem_sizes(q, k, cu_q, max_q, max_k) -> tuple[int, int, int]:
     """(batch, max_seqlen_q, max_seqlen_k): from the shapes, or for varlen (cu_q given) from cu_seqlens and
     the maxima the caller passed. SHARED with kernels/blocksparse.py."""

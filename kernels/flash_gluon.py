@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.flash import LOG2E, _drop_consts
+from kernels.flash import LOG2E, _drop_consts, scale_cast
 from kernels.gluon_dropout import acc_layout as _acc_layout, keep_rows
 from kernels.launch import launch
 
@@ -1192,4 +1192,4 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     else:
         launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
                                              STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS))
-    torch.mul(dqa, softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
+    scale_cast(dqa, softmax_scale, dq)  # one pass over the float32 buffer

@@ -571,3 +571,28 @@ def test_gpu_new_varlen_batches_compile_nothing(dropout_p):
         torch.cuda.synchronize()
         counts.append(compiled_variants(*kernels_))
     assert counts[1:] == counts[:1] * 3, f"compiled variants after each batch: {counts}"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_scale_cast_equals_torch_mul(packed, device):
+    """The Gluon backward's dQ cast: the same bits as torch.mul(src, scale, out=out), into a fresh tensor or a view of
+    a packed dqkv (rows 3 heads apart), at a row count the row block does not divide."""
+    b, n, h, d = 2, 37, 3, 64
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16  # the interpreter's bfloat16 is unreliable
+    src = torch.randn(b, n, h, d, device=device) * 50
+    if packed:
+        out = torch.zeros(b, n, 3, h, d, dtype=dtype, device=device)[:, :, 1]
+    else:
+        out = torch.zeros(b, n, h, d, dtype=dtype, device=device)
+    want = torch.empty_like(out)
+    torch.mul(src, 0.125, out=want)
+    fl.scale_cast(src, 0.125, out)
+    assert torch.equal(out, want)
+
+
+def test_scale_cast_refuses_layouts_it_cannot_write(device):
+    src = torch.randn(2, 8, 3, 64, device=device)
+    with pytest.raises(ValueError, match="heads and rows dense"):
+        fl.scale_cast(src, 1.0, torch.empty(2, 8, 3, 128, device=device)[..., :64])
+    with pytest.raises(ValueError, match="float32"):
+        fl.scale_cast(src.half(), 1.0, torch.empty(2, 8, 3, 64, device=device))
