@@ -48,7 +48,8 @@ def main():
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
         o, lse, seed = F._flash_fwd(q, k, v, d ** -0.5, causal, 0.0, False, None, None, n, n)
-        bwd = lambda: F._flash_bwd(do, q, k, v, o, lse, seed, d ** -0.5, causal, 0.0, False, None, None, n, n)  # noqa: E731
+        bwd = lambda: F._flash_bwd(do, q, k, v, o, lse, seed, d ** -0.5, causal, 0.0, False, None, None,  # noqa: E731
+                                   n, n)
         bmed, _ = eager_and_graphed({"torch_mul": with_setting(G, "scale_cast", torch_cast, bwd),
                                      "scale_cast": bwd}, ())
         row["bwd_ms"] = {k_: round(v_, 4) for k_, v_ in bmed.items()}
