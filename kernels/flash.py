@@ -31,7 +31,8 @@ Algorithm
   interpreter, the forward is the two-stage loop. The backward does not use it.
 - Gluon (Hopper, `kernels/flash_gluon.py`), on sm_90 with Triton 3.6, fp16/bf16, seqlen_q == seqlen_k a multiple
   of 128, no varlen, dropout only at head dim 64 (the forward non-causal from 1K and causal from 4K, the backward
-  from 1K and 2K; the mask is this module's, kernels/gluon_dropout.py). Forward at head dims 128 and 64 (from 1K tokens) and 256 (from 512):
+  from 1K and 2K; the mask is this module's, kernels/gluon_dropout.py). Forward at head dims 128 and 64 (from 1K
+  tokens) and 256 (from 512):
   FlashAttention-3's ping-pong of two consumer warpgroups and a loader warp (1.07-1.29x / 1.2-1.9x /
   1.03-1.12x the forward here); same outputs and LSE. Backward at head dim 128 without GQA (from 1K), outside
   deterministic mode: one kernel with a loader warp and a dQ warp beside 8 compute warps, dQ added by TMA reduces (1.14-1.39x the
@@ -1090,13 +1091,13 @@ def scale_cast(src: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     """out = src * scale in out's dtype, as `torch.mul(src, scale, out=out)` computes it (float32 product, one
     rounding), for a contiguous float32 src and an out of its shape whose rows (all but the last two dims) are one
     stride apart with heads and head dim dense (dq of the Gluon backward: a fresh tensor or a view of a packed
-    dqkv). PyTorch runs a dtype-changing mul through its unrolled, unvectorised kernel: 2.2 TB/s at GPT-2's dQ."""
-    heads, head_dim = out.shape[-2], out.shape[-1]
-    row_stride = out.stride(-3)
-    dense_rows = all(out.stride(i) == out.shape[i + 1] * out.stride(i + 1) for i in range(out.dim() - 3))
-    if not (src.is_contiguous() and src.dtype == torch.float32 and src.shape == out.shape and dense_rows
-            and out.stride(-1) == 1 and out.stride(-2) == head_dim and head_dim >= 16
-            and head_dim & (head_dim - 1) == 0):
+    dqkv). PyTorch runs a dtype-changing mul through its unrolled, unvectorised kernel: on the H100 1.5 TB/s at GPT-2's
+    dQ as a view of packed dqkv, 2.2 contiguous, against 2.25-2.3 here (results/attention/scale_cast/)."""
+    shape, strides = out.shape, out.stride()  # one call into C++ each: the backward's host path is hot
+    heads, head_dim = shape[-2], shape[-1]
+    dense_rows = all(strides[i] == shape[i + 1] * strides[i + 1] for i in range(len(shape) - 3))
+    if not (src.is_contiguous() and src.dtype == torch.float32 and src.shape == shape and dense_rows
+            and strides[-1] == 1 and strides[-2] == head_dim and head_dim >= 16 and head_dim & (head_dim - 1) == 0):
         raise ValueError(f"scale_cast: src must be contiguous float32 of out's shape, out's heads and rows dense, the "
                          f"head dim a power of 2 from 16; got "
                          f"src {src.dtype} {tuple(src.shape)}, out {tuple(out.shape)} strides {out.stride()}")
@@ -1104,7 +1105,7 @@ def scale_cast(src: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     block_c = min(128, head_dim)
     block_r = 4 if _interpreting() else 32
     launch(_scale_cast_kernel, (cdiv(n_rows, block_r), heads * head_dim // block_c),
-           (src, out, n_rows, row_stride, float(scale)), dict(ROW=heads * head_dim, BLOCK_R=block_r, BLOCK_C=block_c))
+           (src, out, n_rows, strides[-3], float(scale)), dict(ROW=heads * head_dim, BLOCK_R=block_r, BLOCK_C=block_c))
 
 
 def problem_sizes(q, k, cu_q, max_q, max_k) -> tuple[int, int, int]:

@@ -1,8 +1,9 @@
 """Session 41's backward experiment (README.md here): dQ cast in the kernel (`_bwd_split_kernel`'s FUSED_CAST: the key
 block whose reduce completes a query tile's float32 dQ, by a per-tile counter, has the tile cast into dq) against the
 shipped cast, a pass over the whole float32 buffer after the kernel (`torch.mul(dqa, scale, out=dq)`), head dim 64.
-The forms measured before this one, with the `parts` and `casts` modes, are in this file at the commits README.md
-names.
+This file drives the last form, whose kernel is at 8704afa (the shipped kernels/flash_gluon.py has no FUSED_CAST):
+run it from a checkout of that commit. The earlier forms, and the `parts` and `casts` modes, are in this file at the
+commits README.md names.
 
     python results/attention/gluon_bwd_fused_cast/ab.py check    # GPU (sm_90): every case, "all ok" at the end
     python results/attention/gluon_bwd_fused_cast/ab.py bench    # the backward alone, eager and graphed

@@ -1,15 +1,15 @@
-"""Deeper Q / dO and dQ rings for the Gluon backward at head dim 64 (prepared in session 33, not run).
+"""Deeper Q / dO and dQ rings for the Gluon backward: head dim 64 (session 33, shipped in 34), head dim 128 (below).
 
 The loader fetches each query tile's LSE and delta with ordinary loads (one warp, waiting on each) before the TMA
 copies of Q_i and dO_i, and at head dim 64 a tile's compute is short: five 128 x 64 x 64 matmuls, ~0.7 us on an H100.
 With a 2-deep ring the loader has about one tile's time to refill a slot, about as long as those loads' and the TMA
 copy's latency. At head dim 64 there is shared memory for more: (64, 128, 3, 2) takes 133 KB, (64, 128, 4, 2)
-150 KB, (64, 128, 4, 4) 183 KB, all without spills (compile_sm90.txt); the shipped (64, 128, 2, 2) takes 116 KB.
-At head dim 128 the shipped ring already takes 214 KB, so this is head dim 64 only.
+150 KB, (64, 128, 4, 4) 183 KB, all without spills (compile_sm90.txt); (64, 128, 2, 2), shipped until session 34,
+takes 116 KB. The first config listed is always the one shipped now (flash_gluon.BWD_TILES).
 
 Checks each config's gradients against the shipped one's (dK and dV bit for bit: the same arithmetic per program;
 dQ to 1e-2 relative: its TMA reduce adds in a varying order), then times the backward (`gluon_backward`, with its
-dQ buffer's zeroing and scaling, the same for every config), 16K tokens a batch, 32 heads, three rounds in
+dQ buffer's zeroing and scaling, the same for every config), 16K tokens a batch, 2048 / head dim heads, three rounds in
 alternating order.
 
     FLASH_AUTOTUNE=0 python results/attention/gluon_bwd_stages/ab.py   # GPU (sm_90), ~2-3 minutes
