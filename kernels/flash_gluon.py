@@ -957,24 +957,28 @@ def _bwd_compute(dk_desc, dv_desc, tail_desc, q_smem, do_smem, k_smem, v_smem, p
 def _bwd_tail_add(tail_desc, dq_smem, dq_empty, dk, dv, slot, g, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr):
     """A tail item's float32 dK and dV (unscaled), added by TMA reduces into rows 2 * slot * BLOCK_N ... of the tail
-    buffer, staged through the dQ ring, whose slots together hold one BLOCK_N x HEAD_DIM float32 tile: once the dQ
-    writer has released both (every dQ tile so far reduced; the ring's next tiles wait on the same phases, so its
-    count g does not move), they are this item's."""
+    buffer (tail_desc: tiles of BLOCK_N rows), staged through the dQ ring, whose slots together hold one BLOCK_N x
+    HEAD_DIM float32 tile: once the dQ writer has released both (every dQ tile so far reduced; the ring's next tiles
+    wait on the same phases, so its count g does not move), they are this item's. The staging tile is stored and
+    reduced as one (BLOCK_N, HEAD_DIM) tile: a 128-byte-swizzled float32 tile lies in 32-column strips, so its halves
+    are not the ring's two (BLOCK_M, HEAD_DIM) slots (reduced slot by slot, the sums were scrambled on the H100)."""
     gl.static_assert(DQ_STAGES * BLOCK_M == BLOCK_N, "the dQ ring stages one dK / dV tile")
     for k in gl.static_range(DQ_STAGES):
         mbarrier.wait(dq_empty.index((g + k) % DQ_STAGES), (((g + k) // DQ_STAGES) & 1) ^ 1)
-    staging = dq_smem._reinterpret(gl.float32, [BLOCK_N, HEAD_DIM], dq_smem.layout)
+    staging = dq_smem._reinterpret(gl.float32, [BLOCK_N, HEAD_DIM], tail_desc.layout)
     row = 2 * slot * BLOCK_N
     staging.store(dk)
     fence_async_shared()
-    for k in gl.static_range(DQ_STAGES):
-        tma_reduce_add_shared(tail_desc, [row + k * BLOCK_M, 0], dq_smem.index(k))
+    tma_reduce_add_shared(tail_desc, [row, 0], staging)
+    # the reduce's 32-column strips are issued by several warps, each waiting for its own: all of them have before
+    # the tile is written again
     tma.store_wait(0)
+    gl.thread_barrier()
     staging.store(dv)
     fence_async_shared()
-    for k in gl.static_range(DQ_STAGES):
-        tma_reduce_add_shared(tail_desc, [row + BLOCK_N + k * BLOCK_M, 0], dq_smem.index(k))
+    tma_reduce_add_shared(tail_desc, [row + BLOCK_N, 0], staging)
     tma.store_wait(0)
+    gl.thread_barrier()  # before the dQ ring's next tile
 
 
 @gluon.jit
@@ -986,7 +990,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, tai
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
     # tail_desc, n_whole, TAIL_SPLIT: the last partial wave's units split by query tiles (`_bwd_item`); tail_desc is
-    # the zeroed float32 tail buffer (2 x tail units x BLOCK_N rows, HEAD_DIM), in tiles of BLOCK_M rows
+    # the zeroed float32 tail buffer (2 x tail units x BLOCK_N rows, HEAD_DIM), in tiles of BLOCK_N rows
     # SEED, drop_thresh, drop_scale: `_bwd_split_kernel`'s dropout, which this kernel does not take (the launcher
     # passes both kernels one argument list)
     # Each program runs work units pid, pid + programs, ... (`_work_unit` over single key blocks), one K/V buffer
@@ -1339,8 +1343,8 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     queries = lambda t: head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
     dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
-    sums = lambda t: head_tiles(t, block_m, lay["dqa_layout"])  # noqa: E731
-    args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), sums(dqa), sums(tail if tail_rows else dqa),
+    args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
+            head_tiles(tail if tail_rows else dqa, block_n, lay["dqa_layout"]),
             lse, delta, seed_arg, seqlen, nheads, batch * nheads, softmax_scale * LOG2E, softmax_scale,
             launch_head_group(seqlen, causal), n_whole, thresh, drop_scale)
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,

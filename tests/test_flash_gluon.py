@@ -299,7 +299,7 @@ def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, pa
     types = (f"dict(q_desc=desc({block_m}, 'q_layout'), do_desc=desc({block_m}, 'q_layout'), "
              f"k_desc=desc({block_n}, 'kv_layout'), v_desc=desc({block_n}, 'kv_layout'), "
              f"dk_desc=desc({dkv_rows}, 'dkv_layout'), dv_desc=desc({dkv_rows}, 'dkv_layout'), "
-             f"dqa_desc=desc({block_m}, 'dqa_layout', 'fp32'), tail_desc=desc({block_m}, 'dqa_layout', 'fp32'))")
+             f"dqa_desc=desc({block_m}, 'dqa_layout', 'fp32'), tail_desc=desc({block_n}, 'dqa_layout', 'fp32'))")
     kernel, warps = ("G._bwd_split_kernel", 4) if split else ("G._bwd_kernel", G.BWD_WARPS)
     return compile_sm90(kernel, consts, warps, stages, setup, types)
 
@@ -396,8 +396,8 @@ def test_tail_cast_writes_the_tail_units_and_nothing_else():
 
 @needs_cuobjdump
 def test_gluon_backward_tail_split_compiles_without_more_spill():
-    """`_bwd_kernel` with TAIL_SPLIT: its tail items add dK and dV by TMA reduces staged through the dQ ring (8
-    reduces in the SASS, 4 without), and its spill stays within the shipped kernel's."""
+    """`_bwd_kernel` with TAIL_SPLIT: its tail items add dK and dV by TMA reduces staged through the dQ ring (more
+    reduces in the SASS than without), and its spill stays within the shipped kernel's."""
     whole = bwd_compile_sm90(128, causal=False)
     split = bwd_compile_sm90(128, causal=False, tail_split=3)
     red = lambda r: sum(v for k, v in r["ops"].items() if k.startswith("UTMARED"))  # noqa: E731
