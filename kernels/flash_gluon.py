@@ -45,8 +45,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -277,36 +275,6 @@ def _work_unit(u, n_tiles, n_bh, head_group, PAIRED: gl.constexpr, REVERSE: gl.c
         first = n_tiles - 1 - first
         second = n_tiles - 1 - second
     return bh, first, second, count
-
-
-@gluon.jit
-def _bwd_n_items(n_n, n_bh, n_whole, PAIRED: gl.constexpr, TAIL_SPLIT: gl.constexpr):
-    """Items of the backward's grid: its work units (`_n_units`), the units from n_whole on split into TAIL_SPLIT
-    items each (`_bwd_item`)."""
-    units = _n_units(n_n, n_bh, PAIRED)
-    if TAIL_SPLIT == 1:
-        return units
-    else:
-        return n_whole + (units - n_whole) * TAIL_SPLIT
-
-
-@gluon.jit
-def _bwd_item(item, n_whole, q_tiles, TAIL_SPLIT: gl.constexpr):
-    """Item `item` of the backward's grid: (work unit, its first query tile, the end, tail slot). Items below
-    n_whole are whole units (all q_tiles query tiles, slot -1). With TAIL_SPLIT > 1 (`bwd_tail_split`: non-causal
-    `_bwd_kernel`) every unit from n_whole on, the grid's last partial wave, is TAIL_SPLIT items of consecutive query
-    tiles; each adds its dK and dV into rows 2 * slot * BLOCK_N ... of the tail buffer, and `_tail_cast_kernel`
-    writes their sums after the kernel."""
-    if TAIL_SPLIT == 1:
-        return item, 0, q_tiles, -1
-    else:
-        t = gl.maximum(item - n_whole, 0)
-        part = t % TAIL_SPLIT
-        tail = item >= n_whole
-        unit = gl.where(tail, n_whole + t // TAIL_SPLIT, item)
-        lo = gl.where(tail, part * q_tiles // TAIL_SPLIT, 0)
-        hi = gl.where(tail, (part + 1) * q_tiles // TAIL_SPLIT, q_tiles)
-        return unit, lo, hi, gl.where(tail, t // TAIL_SPLIT, -1)
 
 
 @gluon.jit
@@ -715,15 +683,6 @@ BWD_SPLIT_KV_BUFFERS = 2
 # 1K-16K, causal and not; at 256 (no spill to save) 0.98-0.99x, so it reads them at the start there (one H100,
 # results/attention/gluon_bwd_stats_at_use/bench_h100.txt).
 BWD_STATS_AT_USE_HEAD_DIMS = (128,)
-# Non-causal `_bwd_kernel` at these head dims splits each unit of its grid's last partial wave into items of
-# consecutive query tiles (`bwd_tail_split`, `_bwd_item`). Its units are key blocks of equal work: 16K tokens x 16
-# heads at head dim 128 is 2,048 of them at every length, 15.5 waves on 132 SMs, so the 16th runs 68 SMs busy and 64
-# idle. At 33 heads (2,112 units, 16 waves) ours gained 0.7-2.8% TFLOP/s and cuDNN -0.5-1.4% on one H100
-# (results/attention/bwd_waves/). BWD_ITEM_OVERHEAD: an item's fixed time in query tiles' time (K/V load, the ring's
-# fill, the dK/dV stores), ~4 by a fit of the backward's time per tile at 2K and 4K (the same page).
-BWD_TAIL_SPLIT_HEAD_DIMS = ()
-BWD_ITEM_OVERHEAD = 4.0
-BWD_TAIL_MIN_TILES = 4
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
 # @triton.jit kernels at 1K
@@ -780,22 +739,18 @@ def _key_block(bh, pid_n, nheads, seqlen, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 
 @gluon.jit
 def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready, empty,
-                LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, n_whole,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, TAIL_SPLIT: gl.constexpr):
+                LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
+                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
     TILE_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * q_smem.dtype.primitive_bitwidth // 8
     it = 0  # key blocks done by this program
     g = 0  # query tiles loaded so far, over all key blocks: the ring's position
-    for item in range(gl.program_id(0), _bwd_n_items(n_n, n_bh, n_whole, PAIRED, TAIL_SPLIT), gl.num_programs(0)):
-        u, part_lo, part_end, _ = _bwd_item(item, n_whole, seqlen // BLOCK_M, TAIL_SPLIT)
+    for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
         for half in range(count):
             start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
                                                                   seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
-            if TAIL_SPLIT > 1:
-                lo = part_lo
-                n_end = part_end
             kb = it % KV_BUFFERS
             # buffer kb held key block it - KV_BUFFERS until its dK, dV were stored; a fresh barrier passes parity 1
             mbarrier.wait(kv_empty.index(kb), ((it // KV_BUFFERS) & 1) ^ 1)
@@ -819,19 +774,15 @@ def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem
 
 
 @gluon.jit
-def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, n_whole,
+def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, TAIL_SPLIT: gl.constexpr):
+                   IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     g = 0
-    for item in range(gl.program_id(0), _bwd_n_items(n_n, n_bh, n_whole, PAIRED, TAIL_SPLIT), gl.num_programs(0)):
-        u, part_lo, part_end, _ = _bwd_item(item, n_whole, seqlen // BLOCK_M, TAIL_SPLIT)
+    for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
         bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
         for half in range(count):
             start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
                                                                   seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
-            if TAIL_SPLIT > 1:
-                lo = part_lo
-                n_end = part_end
             for i in range(lo, n_end):
                 s = g % DQ_STAGES
                 mbarrier.wait(dq_full.index(s), (g // DQ_STAGES) & 1)
@@ -893,11 +844,11 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
 
 
 @gluon.jit
-def _bwd_compute(dk_desc, dv_desc, tail_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
-                 delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
-                 head_group, n_whole, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                 WARPS: gl.constexpr, SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr, TAIL_SPLIT: gl.constexpr):
+def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem, delta_smem,
+                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
+                 sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
+                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr):
     # one K/V buffer, key blocks one after another (`_bwd_kernel`)
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
@@ -908,15 +859,11 @@ def _bwd_compute(dk_desc, dv_desc, tail_desc, q_smem, do_smem, k_smem, v_smem, p
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     it = 0
     g = 0
-    for item in range(gl.program_id(0), _bwd_n_items(n_n, n_bh, n_whole, False, TAIL_SPLIT), gl.num_programs(0)):
-        u, part_lo, part_end, tail_slot = _bwd_item(item, n_whole, seqlen // BLOCK_M, TAIL_SPLIT)
+    for u in range(gl.program_id(0), _n_units(n_n, n_bh, False), gl.num_programs(0)):
         bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, False, False)
         for half in range(count):
             start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
                                                                   seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
-            if TAIL_SPLIT > 1:
-                lo = part_lo
-                n_end = part_end
             k_buf = k_smem.index(0)
             v_buf = v_smem.index(0)
             keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
@@ -938,59 +885,25 @@ def _bwd_compute(dk_desc, dv_desc, tail_desc, q_smem, do_smem, k_smem, v_smem, p
                 mbarrier.arrive(dq_full.index(s))
                 g += 1
 
-            if TAIL_SPLIT > 1 and tail_slot >= 0:
-                _bwd_tail_add(tail_desc, dq_smem, dq_empty, dk, dv, tail_slot, g, BLOCK_M, BLOCK_N, HEAD_DIM,
-                              DQ_STAGES)
-            else:
-                # dK (times the softmax scale) and dV out by TMA through this key block's K and V buffers
-                k_buf.store((dk * sm_scale).to(k_buf.dtype))
-                v_buf.store(dv.to(v_buf.dtype))
-                fence_async_shared()
-                tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_buf)
-                tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_buf)
-                tma.store_wait(0)
+            # dK (times the softmax scale) and dV out by TMA through this key block's K and V buffers
+            k_buf.store((dk * sm_scale).to(k_buf.dtype))
+            v_buf.store(dv.to(v_buf.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_buf)
+            tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_buf)
+            tma.store_wait(0)
             mbarrier.arrive(kv_empty.index(0))
             it += 1
 
 
 @gluon.jit
-def _bwd_tail_add(tail_desc, dq_smem, dq_empty, dk, dv, slot, g, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr):
-    """A tail item's float32 dK and dV (unscaled), added by TMA reduces into rows 2 * slot * BLOCK_N ... of the tail
-    buffer (tail_desc: tiles of BLOCK_N rows), staged through the dQ ring, whose slots together hold one BLOCK_N x
-    HEAD_DIM float32 tile: once the dQ writer has released both (every dQ tile so far reduced; the ring's next tiles
-    wait on the same phases, so its count g does not move), they are this item's. The staging tile is stored and
-    reduced as one (BLOCK_N, HEAD_DIM) tile: a 128-byte-swizzled float32 tile lies in 32-column strips, so its halves
-    are not the ring's two (BLOCK_M, HEAD_DIM) slots (reduced slot by slot, the sums were scrambled on the H100)."""
-    gl.static_assert(DQ_STAGES * BLOCK_M == BLOCK_N, "the dQ ring stages one dK / dV tile")
-    for k in gl.static_range(DQ_STAGES):
-        mbarrier.wait(dq_empty.index((g + k) % DQ_STAGES), (((g + k) // DQ_STAGES) & 1) ^ 1)
-    staging = dq_smem._reinterpret(gl.float32, [BLOCK_N, HEAD_DIM], tail_desc.layout)
-    row = 2 * slot * BLOCK_N
-    staging.store(dk)
-    fence_async_shared()
-    tma_reduce_add_shared(tail_desc, [row, 0], staging)
-    # the reduce's 32-column strips are issued by several warps, each waiting for its own: all of them have before
-    # the tile is written again
-    tma.store_wait(0)
-    gl.thread_barrier()
-    staging.store(dv)
-    fence_async_shared()
-    tma_reduce_add_shared(tail_desc, [row + BLOCK_N, 0], staging)
-    tma.store_wait(0)
-    gl.thread_barrier()  # before the dQ ring's next tile
-
-
-@gluon.jit
-def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, tail_desc, LSE, DELTA, SEED, seqlen,
-                nheads, n_bh, qk_scale, sm_scale, head_group, n_whole, drop_thresh, drop_scale,
-                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
-                STATS_AT_USE: gl.constexpr = False, TAIL_SPLIT: gl.constexpr = 1):
+def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads, n_bh,
+                qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
+                IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
+                STATS_AT_USE: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
-    # tail_desc, n_whole, TAIL_SPLIT: the last partial wave's units split by query tiles (`_bwd_item`); tail_desc is
-    # the zeroed float32 tail buffer (2 x tail units x BLOCK_N rows, HEAD_DIM), in tiles of BLOCK_N rows
     # SEED, drop_thresh, drop_scale: `_bwd_split_kernel`'s dropout, which this kernel does not take (the launcher
     # passes both kernels one argument list)
     # Each program runs work units pid, pid + programs, ... (`_work_unit` over single key blocks), one K/V buffer
@@ -1030,15 +943,15 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, tai
     fence_async_shared()
     # the argument tuples are written out in the call (a named tuple turns constexprs into tensors)
     gl.warp_specialize([
-        (_bwd_compute, (dk_desc, dv_desc, tail_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem,
-                        lse_smem, delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads,
-                        seqlen, head_group, n_whole, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                        DQ_STAGES, IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, TAIL_SPLIT)),
+        (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
+                        delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
+                        head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL,
+                        WARPS, SPLIT, STATS_AT_USE)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
-                       empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, n_whole,
-                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, TAIL_SPLIT)),
-        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, n_whole,
-                          BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, TAIL_SPLIT))],
+                       empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
         [1, 1], [24, 24])
 
 
@@ -1155,14 +1068,13 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
 
 
 @gluon.jit
-def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, tail_desc, LSE, DELTA, SEED, seqlen,
-                      nheads, n_bh, qk_scale, sm_scale, head_group, n_whole, drop_thresh, drop_scale,
-                      HEAD_DIM: gl.constexpr,
+def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads,
+                      n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                       KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
                       CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False):
-    """`_bwd_kernel`'s arguments (less its tail split: tail_desc and n_whole are not read), but dk_desc and dv_desc in
-    tiles of BLOCK_N // 2 keys (a warpgroup's half), and persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
+    """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
+    persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
     (results/attention/gluon_bwd_altdq/protocol_sim.py: 1,800 interleavings, 5 single mutations caught)."""
     gl.static_assert(KV_BUFFERS > 1, "one K/V buffer would need its release after each key block's dK, dV stores")
@@ -1213,10 +1125,10 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
-                       empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, n_whole,
-                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, gl.constexpr(1))),
-        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, n_whole,
-                          BLOCK_M, BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, gl.constexpr(1)))],
+                       empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+        (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
+                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
         [4, 1, 1], [CONSUMER_REGS, 24, 24])
 
 
@@ -1246,107 +1158,31 @@ def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str |
     return _scope_problem(q, k, causal, dropout_p, varlen, BWD_MIN_SEQLEN[head_dim, causal], BWD_DROPOUT_MIN_SEQLEN)
 
 
-def bwd_tail_split(units: int, q_tiles: int, programs: int) -> int:
-    """Into how many items of consecutive query tiles `_bwd_kernel` splits each unit of its grid's last partial wave
-    (1: none): the count of 1-8 that minimises the tail's time, rounds of items times an item's time
-    ceil(split * tail units / programs) * (q_tiles / split + BWD_ITEM_OVERHEAD), each item keeping at least
-    BWD_TAIL_MIN_TILES query tiles."""
-    tail = units % programs
-    best, best_time = 1, float(q_tiles + BWD_ITEM_OVERHEAD)
-    for split in range(2, 9):
-        if tail == 0 or q_tiles // split < BWD_TAIL_MIN_TILES:
-            break
-        time = -(-split * tail // programs) * (q_tiles / split + BWD_ITEM_OVERHEAD)
-        if time < best_time:
-            best, best_time = split, time
-    return best
-
-
-@triton.jit
-def _tail_cast_kernel(SRC, DK, DV, n_whole, n_n, nheads, dk_stride_b, dk_stride_n, dk_stride_h, dv_stride_b,
-                      dv_stride_n, dv_stride_h, sm_scale, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      ROWS: tl.constexpr):
-    """dK (times sm_scale) and dV of the split tail units out of the float32 tail buffer SRC (`_bwd_tail_add`):
-    program (t, 0 / 1 for dK / dV, r) casts rows r * ROWS ... of tail unit t into key block n_whole + t of
-    `_work_item`'s order at a launch group of one head, (batch x head, key block) = divmod."""
-    t = tl.program_id(0)
-    which = tl.program_id(1)
-    unit = n_whole + t
-    bh = unit // n_n
-    b = (bh // nheads).to(tl.int64)
-    h = bh % nheads
-    rows = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, HEAD_DIM)
-    x = tl.load(SRC + ((2 * t + which) * BLOCK_N + rows).to(tl.int64)[:, None] * HEAD_DIM + cols[None, :])
-    keys = ((unit % n_n) * BLOCK_N + rows)[:, None]
-    if which == 0:
-        tl.store(DK + b * dk_stride_b + keys * dk_stride_n + h * dk_stride_h + cols[None, :],
-                 (x * sm_scale).to(DK.dtype.element_ty))
-    else:
-        tl.store(DV + b * dv_stride_b + keys * dv_stride_n + h * dv_stride_h + cols[None, :],
-                 x.to(DV.dtype.element_ty))
-
-
-def tail_cast(tail: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, n_whole: int, block_n: int,
-              softmax_scale: float) -> None:
-    """Write the split tail units' dK (times softmax_scale) and dV, float32 sums in tail (2 x units, block_n,
-    head_dim: unit t's dK then its dV), into dk and dv (batch, seqlen, nheads, head_dim) at key blocks n_whole,
-    n_whole + 1, ... of `_bwd_kernel`'s non-causal order."""
-    batch, seqlen, nheads, head_dim = dk.shape
-    if not (tail.dtype == torch.float32 and tail.is_contiguous() and tail.shape[1:] == (block_n, head_dim)
-            and tail.shape[0] % 2 == 0 and dk.stride(3) == dv.stride(3) == 1):
-        raise ValueError("tail_cast: tail must be contiguous float32 (2 x units, block_n, head_dim), dk and dv dense "
-                         "along the head dim")
-    rows = 32
-    launch(_tail_cast_kernel, (tail.shape[0] // 2, 2, block_n // rows),
-           (tail, dk, dv, n_whole, seqlen // block_n, nheads, *dk.stride()[:3], *dv.stride()[:3], softmax_scale),
-           dict(BLOCK_N=block_n, HEAD_DIM=head_dim, ROWS=rows))
-
-
 def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool,
-                   programs: int | None = None, dropout_p: float = 0.0, seed: torch.Tensor | None = None,
-                   tail_split: int | None = None) -> None:
+                   programs: int | None = None, dropout_p: float = 0.0, seed: torch.Tensor | None = None) -> None:
     """Fill dq, dk, dv (q's shape and dtype; any row stride TMA can write, e.g. views of one packed dqkv) with the
     gradients of softmax_scale-scaled attention of q, k, v at do; lse: the forward's base-2 log-sum-exp and delta =
     rowsum(dO * O), both (batch, nheads, seqlen) contiguous float32. The caller has checked `bwd_unsupported`, the
     TMA layout of q, k, v, do, dk, dv (kernels.flash._ws_layout_problem). programs: at most this many programs
     (tests: each then runs many key blocks), else one a SM at BWD_SPLIT_HEAD_DIMS, one a key block elsewhere.
-    dropout_p > 0 (BWD_SPLIT_HEAD_DIMS only): the forward's dropout, the mask of `seed`. tail_split: items a unit of
-    the last partial wave is split into (`bwd_tail_split`), by default chosen where BWD_TAIL_SPLIT_HEAD_DIMS and
-    non-causal, else 1; more than 1 needs `_bwd_kernel` and no mask."""
+    dropout_p > 0 (BWD_SPLIT_HEAD_DIMS only): the forward's dropout, the mask of `seed`."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
     if dropout_p > 0 and head_dim not in BWD_SPLIT_HEAD_DIMS:
         raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS}")
     seed_arg, thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed, lse)
+    dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
     split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
-    units = seqlen // block_n * batch * nheads
-    slots = programs or _sm_count(q.device.index)  # programs running at once
-    if tail_split is None:
-        fits = head_dim in BWD_TAIL_SPLIT_HEAD_DIMS and not (causal or split)
-        tail_split = bwd_tail_split(units, seqlen // block_m, slots) if fits else 1
-    elif tail_split > 1 and (causal or split):
-        raise ValueError("gluon_backward: tail_split > 1 needs `_bwd_kernel` (not BWD_SPLIT_HEAD_DIMS) and no mask")
-    n_whole = units - units % slots if tail_split > 1 else units
-    if tail_split > 1:
-        grid = (min(n_whole + (units - n_whole) * tail_split, programs or units * tail_split),)
-    else:
-        grid = _grid(seqlen // block_n, batch * nheads, causal and split, split, programs, q.device)
-    # one zeroed buffer: the float32 dQ sums, then the split tail units' dK and dV sums
-    tail_rows = 2 * (units - n_whole) * block_n
-    acc = torch.zeros(q.numel() + tail_rows * head_dim, dtype=torch.float32, device=q.device)
-    dqa = acc[:q.numel()].view(batch, seqlen, nheads, head_dim)
-    tail = acc[q.numel():].view(1, tail_rows, 1, head_dim)
+    grid = _grid(seqlen // block_n, batch * nheads, causal and split, split, programs, q.device)
     lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype], split)
     queries = lambda t: head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
     dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
     args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
-            head_tiles(tail if tail_rows else dqa, block_n, lay["dqa_layout"]),
-            lse, delta, seed_arg, seqlen, nheads, batch * nheads, softmax_scale * LOG2E, softmax_scale,
-            launch_head_group(seqlen, causal), n_whole, thresh, drop_scale)
+            lse, delta, seed_arg, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
+            softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                   IS_CAUSAL=causal, ds_layout=lay["ds_layout"])
     if split:
@@ -1355,8 +1191,5 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
                                                    num_warps=4))
     else:
         launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
-                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
-                                             TAIL_SPLIT=tail_split))
+                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS))
     scale_cast(dqa, softmax_scale, dq)  # one pass over the float32 buffer
-    if tail_rows:
-        tail_cast(tail.view(-1, block_n, head_dim), dk, dv, n_whole, block_n, softmax_scale)

@@ -273,12 +273,12 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
 
 
 def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, patch: str = "",
-                     dropout: bool = False, tail_split: int = 1) -> dict:
+                     dropout: bool = False) -> dict:
     """compile_sm90 of the Gluon backward kernel that gluon_backward launches at this head dim, with its tiles and
     schedule (flash_gluon.BWD_TILES; `_bwd_split_kernel`, persistent with BWD_SPLIT_KV_BUFFERS, at
     BWD_SPLIT_HEAD_DIMS, else `_bwd_kernel`), or with `tiles` (BLOCK_M, BLOCK_N, STAGES, DQ_STAGES) instead;
     `patch`: Python run first in the compiling process with flash_gluon as G (an experiment's other layout, say);
-    dropout: the split kernel's HAS_DROPOUT; tail_split: `_bwd_kernel`'s TAIL_SPLIT."""
+    dropout: the split kernel's HAS_DROPOUT."""
     import kernels.flash_gluon as G
 
     block_m, block_n, stages, dq_stages = tiles or G.BWD_TILES[head_dim]
@@ -294,12 +294,12 @@ def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, pa
         consts += (f"KV_BUFFERS=G.BWD_SPLIT_KV_BUFFERS, PAIRED={causal}, CONSUMER_REGS=G.CONSUMER_REGS, "
                    f"HAS_DROPOUT={dropout})")
     else:
-        consts += f"WARPS=G.BWD_WARPS, TAIL_SPLIT={tail_split})"
+        consts += "WARPS=G.BWD_WARPS)"
     dkv_rows = block_n // 2 if split else block_n
     types = (f"dict(q_desc=desc({block_m}, 'q_layout'), do_desc=desc({block_m}, 'q_layout'), "
              f"k_desc=desc({block_n}, 'kv_layout'), v_desc=desc({block_n}, 'kv_layout'), "
              f"dk_desc=desc({dkv_rows}, 'dkv_layout'), dv_desc=desc({dkv_rows}, 'dkv_layout'), "
-             f"dqa_desc=desc({block_m}, 'dqa_layout', 'fp32'), tail_desc=desc({block_n}, 'dqa_layout', 'fp32'))")
+             f"dqa_desc=desc({block_m}, 'dqa_layout', 'fp32'))")
     kernel, warps = ("G._bwd_split_kernel", 4) if split else ("G._bwd_kernel", G.BWD_WARPS)
     return compile_sm90(kernel, consts, warps, stages, setup, types)
 
@@ -353,56 +353,6 @@ def test_gluon_backward_at_head_dim_256_splits_its_tiles():
     # K, V, one stage of Q and dO, P^T and dS^T (bf16), one float32 dQ tile
     tiles = (2 * 64 * 256 + 2 * 64 * 256 + 2 * 64 * 64) * 2 + 64 * 256 * 4
     assert tiles <= r["smem"] <= 232448, r
-
-
-def test_bwd_tail_split_picks_the_shortest_tail():
-    """16K tokens x 16 heads at head dim 128 is 2,048 key blocks on 132 SMs: a 68-unit last wave. Split into 5
-    items each, 340 items run in 3 rounds of 13 query tiles plus the fixed cost, against one round of a whole unit
-    (64 tiles at 4K); at 2K (32 tiles) 3 items. No partial wave, or units too short to split, stay whole."""
-    from kernels.flash_gluon import BWD_ITEM_OVERHEAD, bwd_tail_split
-
-    assert BWD_ITEM_OVERHEAD == 4.0  # the numbers below assume it
-    assert bwd_tail_split(2048, 64, 132) == 5
-    assert bwd_tail_split(2048, 32, 132) == 3
-    assert bwd_tail_split(2048, 128, 132) == 5
-    assert bwd_tail_split(2112, 64, 132) == 1  # 16 full waves
-    assert bwd_tail_split(2048, 7, 132) == 1  # items of 3 tiles would be below BWD_TAIL_MIN_TILES
-    assert bwd_tail_split(1980 + 10, 64, 132) == 8  # a 10-unit last wave: 80 items in one round
-
-
-def test_tail_cast_writes_the_tail_units_and_nothing_else():
-    """tail_cast puts tail unit t's float32 sums (dK times the scale, dV) at key block n_whole + t of `_bwd_kernel`'s
-    non-causal order, (batch x head, key block) = divmod, into views of a packed dkv; every other row stays as it
-    was. float16: the interpreter's bfloat16 is unreliable."""
-    from kernels.flash_gluon import tail_cast
-
-    b, n, h, d, block_n, n_whole = 2, 256, 3, 16, 64, 19
-    units = b * h * n // block_n
-    tail = torch.randn(2 * (units - n_whole), block_n, d)
-    dkv = torch.full((b, n, 2, h, d), float("nan"), dtype=torch.float16)
-    dk, dv = dkv.unbind(2)
-    tail_cast(tail, dk, dv, n_whole, block_n, 0.25)
-    want = torch.full_like(dkv, float("nan"))
-    for t in range(units - n_whole):
-        bh, kb = divmod(n_whole + t, n // block_n)
-        rows = slice(kb * block_n, (kb + 1) * block_n)
-        want[bh // h, rows, 0, bh % h] = (tail[2 * t] * 0.25).half()
-        want[bh // h, rows, 1, bh % h] = tail[2 * t + 1].half()
-    assert torch.equal(dkv.isnan(), want.isnan())
-    assert torch.equal(dkv.nan_to_num(), want.nan_to_num())
-    with pytest.raises(ValueError, match="tail must be"):
-        tail_cast(tail[:, :32], dk, dv, n_whole, block_n, 0.25)
-
-
-@needs_cuobjdump
-def test_gluon_backward_tail_split_compiles_without_more_spill():
-    """`_bwd_kernel` with TAIL_SPLIT: its tail items add dK and dV by TMA reduces staged through the dQ ring (more
-    reduces in the SASS than without), and its spill stays within the shipped kernel's."""
-    whole = bwd_compile_sm90(128, causal=False)
-    split = bwd_compile_sm90(128, causal=False, tail_split=3)
-    red = lambda r: sum(v for k, v in r["ops"].items() if k.startswith("UTMARED"))  # noqa: E731
-    assert red(split) > red(whole) > 0, (split["ops"], whole["ops"])
-    assert split["stack"] <= whole["stack"] and split["smem"] == whole["smem"], (split, whole)
 
 
 # ------------------------------------------------------------------------------------ GPU (sm_90) only
@@ -615,40 +565,6 @@ def test_gpu_gluon_backward_work_split_any_way_same_result(head_dim, split, caus
     tr = F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False, None, None, n, n, gluon=False)
     for ours, theirs in zip((dq, dk, dv), tr):
         _close(ours, theirs)
-
-
-@pytest.mark.gpu
-@gluon_gpu
-@pytest.mark.parametrize("programs", [None, 7])
-@pytest.mark.parametrize("tail_split", [2, 3, 5])
-def test_gpu_gluon_backward_tail_split_matches_whole_units(tail_split, programs):
-    """`_bwd_kernel`'s last partial wave split into items of query tiles (`_bwd_item`), their dK and dV summed in the
-    tail buffer and cast by `tail_cast`: the gradients equal the unsplit kernel's up to float32 summation order. 60
-    key blocks of 10 query tiles: on the default grid (132 SMs) all 60 are the tail, split into items of 2-5 tiles;
-    over 7 programs the last 4 are, each program running many items. Gradients start as NaN, so a key block no item
-    wrote fails; packed dqkv views, as GPT-2-style callers pass them."""
-    from kernels import flash_gluon as G
-
-    b, n, h, d = 3, 640, 4, 128
-    q, k, v = _qkv(b, n, n, h, h, d, torch.bfloat16, "cuda")
-    do = torch.randn_like(q)
-    scale = d ** -0.5
-    o, lse, seed = F._flash_fwd(q, k, v, scale, False, 0.0, False, None, None, n, n)
-    delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
-
-    def run(split):
-        dqkv = torch.full((b, n, 3, h, d), float("nan"), dtype=q.dtype, device="cuda")
-        G.gluon_backward(do, q, k, v, lse, delta, *dqkv.unbind(2), scale, False, programs=programs,
-                         tail_split=split)
-        return dqkv.unbind(2)
-
-    whole = run(1)
-    split = run(tail_split)
-    assert not any(g.isnan().any() for g in whole + split)
-    for a, b_ in zip(split, whole):
-        _close(a, b_, DQ_RERUN)
-    with pytest.raises(ValueError, match="tail_split"):
-        G.gluon_backward(do, q, k, v, lse, delta, *run(1), scale, True, tail_split=2)
 
 
 @pytest.mark.gpu

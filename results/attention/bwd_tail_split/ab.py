@@ -8,7 +8,8 @@ cast by `tail_cast` after the kernel) lets every SM take part in the last round.
 Prediction (bwd_tail_split's model, an item's fixed cost ~4 query tiles' time): the backward alone 1.01-1.02x at
 2K-8K, less at 16K; forward+backward against cuDNN from 0.98x to 0.99-1.00x at 2K-8K.
 
-    FLASH_AUTOTUNE=0 python results/attention/bwd_tail_split/ab.py   # one H100, ~2-3 minutes
+    git checkout 90dcefd -- kernels/flash_gluon.py   # the experiment's kernel (not kept: README.md)
+    FLASH_AUTOTUNE=0 python results/attention/bwd_tail_split/ab.py   # one H100, ~1 minute
 
 1. check: at each shape, every split's gradients against the unsplit kernel's (float32 summation order only).
 2. backward alone (`gluon_backward`, tail_split 1 = shipped, the automatic choice, 2, 3, 5), 5 alternating rounds.

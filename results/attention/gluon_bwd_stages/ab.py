@@ -15,10 +15,10 @@ alternating order.
     FLASH_AUTOTUNE=0 python results/attention/gluon_bwd_stages/ab.py   # GPU (sm_90), ~2-3 minutes
     python results/attention/gluon_bwd_stages/ab.py compile  # CPU: sm_90 registers, spills, shared memory
 
-Head dim 128 (prepared in session 41, not run): `ab.py 128` / `ab.py compile 128`. There the shipped (64, 128, 2, 2)
-takes 214 KB; a 3-deep Q/dO ring fits only with a 1-deep dQ ring, (64, 128, 3, 1) at 215 KB, and at head dim 64 the
-deeper Q/dO ring was what gained (the dQ ring's depth did not matter). Both compile with the shipped 56 bytes of
-spill (sm_90, non-causal). 16K tokens a batch, 16 heads.
+Head dim 128 (prepared in session 41, run in session 42: no gain, README.md): `ab.py 128` / `ab.py compile 128`.
+There the shipped (64, 128, 2, 2) takes 214 KB; a 3-deep Q/dO ring fits only with a 1-deep dQ ring, (64, 128, 3, 1)
+at 215 KB, and at head dim 64 the deeper Q/dO ring was what gained (the dQ ring's depth did not matter). Both compile
+with the shipped 56 bytes of spill (sm_90, non-causal). 16K tokens a batch, 16 heads.
 """
 import json
 import sys
