@@ -956,11 +956,23 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
 
 
 @gluon.jit
+def _keep_from_bits(BITS, bh, row0, col0, seqlen, layout: gl.constexpr, ROWS: gl.constexpr):
+    """The (ROWS, 32) keep tile of queries row0 .. and keys col0 .. col0 + 31 (col0 a multiple of 32) from BITS, int32
+    (batch x heads, seqlen, seqlen // 32): bit c of word (bh, row, col // 32) is the keep flag of (row, col),
+    c = col % 32 (an experiment: results/attention/gluon_bwd_maskbits/)."""
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    words = gl.load(BITS + (bh.to(gl.int64) * seqlen + rows) * (seqlen // 32) + col0 // 32)
+    bit = gl.arange(0, 32, layout=gl.SliceLayout(0, layout))
+    return ((words[:, None] >> bit[None, :]) & 1) != 0
+
+
+@gluon.jit
 def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
               delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
               seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem, HEAD_DIM: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
-              KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, HAS_DROPOUT: gl.constexpr):
+              KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, HAS_DROPOUT: gl.constexpr,
+              MASK_BITS: gl.constexpr):
     """`_bwd_split_kernel`'s compute warpgroup W (4 warps): keys start_n + 64 W .. + 63 of each key block. Per query
     tile g (counted over all key blocks): S^T, dP^T, P^T, dV and dK for its keys, as `_bwd_tile`, with its dS^T half
     stored to the tile's buffer b = g % 2; then, if g % 2 == W, the tile's whole dQ = dS K over both halves.
@@ -978,7 +990,7 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     qk_layout: gl.constexpr = _acc_layout(4, SUB_N // 2)  # (queries, keys) half tiles, one warp per 16 queries
     keep_w = keep_smem.index(W)
-    if HAS_DROPOUT:
+    if HAS_DROPOUT and not MASK_BITS:
         seed = gl.load(SEED)
     else:
         seed = 0
@@ -1004,8 +1016,12 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
                     # whole tile's Philox calls at once spilled beside dK and dV), then kept in shared memory,
                     # transposed, until used
                     for h in gl.static_range(2):
-                        keep = keep_rows(seed, bh, i * BLOCK_M, start_w + h * (SUB_N // 2), drop_thresh, qk_layout,
-                                         BLOCK_M, SUB_N // 2, 4)
+                        if MASK_BITS:  # experiment (results/attention/gluon_bwd_maskbits/): SEED is the mask's bits
+                            keep = _keep_from_bits(SEED, bh, i * BLOCK_M, start_w + h * (SUB_N // 2), seqlen,
+                                                   qk_layout, BLOCK_M)
+                        else:
+                            keep = keep_rows(seed, bh, i * BLOCK_M, start_w + h * (SUB_N // 2), drop_thresh,
+                                             qk_layout, BLOCK_M, SUB_N // 2, 4)
                         keep_w.permute((1, 0)).slice(h * (SUB_N // 2), SUB_N // 2, dim=1).store(keep.to(gl.int8))
                     gl.thread_barrier()  # this warpgroup's threads read each other's
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
@@ -1072,7 +1088,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                       KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False):
+                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False, MASK_BITS: gl.constexpr = False):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1119,11 +1135,13 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
         (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
                       delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
                       nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT,
+                      MASK_BITS)),
         (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
                       delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
                       nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT,
+                      MASK_BITS)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
