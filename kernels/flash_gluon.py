@@ -990,7 +990,7 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     qk_layout: gl.constexpr = _acc_layout(4, SUB_N // 2)  # (queries, keys) half tiles, one warp per 16 queries
     keep_w = keep_smem.index(W)
-    if HAS_DROPOUT and not MASK_BITS:
+    if HAS_DROPOUT and MASK_BITS == 0:
         seed = gl.load(SEED)
     else:
         seed = 0
@@ -1016,7 +1016,9 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
                     # whole tile's Philox calls at once spilled beside dK and dV), then kept in shared memory,
                     # transposed, until used
                     for h in gl.static_range(2):
-                        if MASK_BITS:  # experiment (results/attention/gluon_bwd_maskbits/): SEED is the mask's bits
+                        if MASK_BITS == 2:  # experiment: every score kept, no draw (timing only)
+                            keep = gl.full([BLOCK_M, SUB_N // 2], 1, gl.int1, layout=qk_layout)
+                        elif MASK_BITS == 1:  # experiment (results/attention/gluon_bwd_maskbits/): SEED: the bits
                             keep = _keep_from_bits(SEED, bh, i * BLOCK_M, start_w + h * (SUB_N // 2), seqlen,
                                                    qk_layout, BLOCK_M)
                         else:
@@ -1088,7 +1090,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                       KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False, MASK_BITS: gl.constexpr = False):
+                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False, MASK_BITS: gl.constexpr = 0):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU

@@ -11,11 +11,12 @@ Prediction: the draw's ~0.12-0.15 ms a GPT-2 layer falls to a few hundredths (on
 tile, against 256 Philox calls), so the backward at GPT-2's shape ~0.27-0.30 ms, ~1.3x the @triton.jit backward.
 If so, storing the bits in the forward (25 MB a GPT-2 layer: B x H x N x N / 8 bytes) is worth building.
 
-    FLASH_AUTOTUNE unset: python results/attention/gluon_bwd_maskbits/ab.py   # one H100, ~2 minutes
+    FLASH_AUTOTUNE unset: python results/attention/gluon_bwd_maskbits/ab.py   # one H100, ~3 minutes
 
 Checks: the bits form's dK and dV bit-identical to the Philox form's (the same mask, the same arithmetic), dQ within
 2^-7 of its largest element (its TMA reduce's order); then the backward alone, eager and replayed from CUDA graphs,
-three alternating rounds: the @triton.jit backward (what GPT-2 runs today), the Gluon one with Philox, with bits.
+three alternating rounds: the @triton.jit backward (what GPT-2 runs today), the Gluon one with Philox, with bits,
+and with every score kept and no draw ("nodraw", MASK_BITS=2: its gradients are not dropout's; timing only).
 """
 import json
 import sys
@@ -56,7 +57,10 @@ def main():
             "philox": with_setting(G, "BWD_DROPOUT_MIN_SEQLEN", gluon_everywhere, bwd),
             "bits": with_setting(G, "BWD_DROPOUT_MIN_SEQLEN", gluon_everywhere, with_setting(
                 G, "_dropout_args", lambda who, p, s, ph: (bits, *F._drop_consts(p)),
-                launch_with(bwd, [G._bwd_split_kernel], {"MASK_BITS": True}))),
+                launch_with(bwd, [G._bwd_split_kernel], {"MASK_BITS": 1}))),
+            # every score kept and nothing drawn, the rest of the dropout path as is: what the draw itself costs
+            "nodraw": with_setting(G, "BWD_DROPOUT_MIN_SEQLEN", gluon_everywhere,
+                                   launch_with(bwd, [G._bwd_split_kernel], {"MASK_BITS": 2})),
         }
         grads = {name: [g.clone() for g in fn()] for name, fn in forms.items()}
         same_dkdv = all(torch.equal(a, c) for a, c in zip(grads["bits"][1:], grads["philox"][1:]))
@@ -69,8 +73,8 @@ def main():
         print(json.dumps(dict(batch=b, seqlen=n, heads=h, causal=causal, dkdv_bitwise=same_dkdv,
                               dq_rel_err=round(dq_err, 5), vs_triton_rel=round(vs_triton, 5),
                               ms={k_: round(v_, 4) for k_, v_ in med.items()},
-                              bits_vs={f"{o}_{m}": round(med[f"{o}_{m}"] / med[f"bits_{m}"], 3)
-                                       for o in ("triton", "philox") for m in ("eager", "graphed")},
+                              vs_philox={f"{o}_{m}": round(med[f"philox_{m}"] / med[f"{o}_{m}"], 3)
+                                         for o in ("triton", "bits", "nodraw") for m in ("eager", "graphed")},
                               rounds_ms=times)), flush=True)
     print(f"ab: {failed} check(s) failed", flush=True)
 
