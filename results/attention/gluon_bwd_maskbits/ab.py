@@ -16,7 +16,9 @@ If so, storing the bits in the forward (25 MB a GPT-2 layer: B x H x N x N / 8 b
 Checks: the bits form's dK and dV bit-identical to the Philox form's (the same mask, the same arithmetic), dQ within
 2^-7 of its largest element (its TMA reduce's order); then the backward alone, eager and replayed from CUDA graphs,
 three alternating rounds: the @triton.jit backward (what GPT-2 runs today), the Gluon one with Philox, with bits,
-and with every score kept and no draw ("nodraw", MASK_BITS=2: its gradients are not dropout's; timing only).
+with Philox and the flags handed over as words ("words", MASK_BITS=3: one int32 a query and 32 keys in shared
+memory instead of 32 transposed bytes), and with every score kept and no draw ("nodraw", MASK_BITS=2: its gradients
+are not dropout's; timing only).
 """
 import json
 import sys
@@ -58,14 +60,18 @@ def main():
             "bits": with_setting(G, "BWD_DROPOUT_MIN_SEQLEN", gluon_everywhere, with_setting(
                 G, "_dropout_args", lambda who, p, s, ph: (bits, *F._drop_consts(p)),
                 launch_with(bwd, [G._bwd_split_kernel], {"MASK_BITS": 1}))),
+            # the Philox draw as shipped, its flags handed to S^T's layout as one word a query and 32 keys
+            "words": with_setting(G, "BWD_DROPOUT_MIN_SEQLEN", gluon_everywhere,
+                                  launch_with(bwd, [G._bwd_split_kernel], {"MASK_BITS": 3})),
             # every score kept and nothing drawn, the rest of the dropout path as is: what the draw itself costs
             "nodraw": with_setting(G, "BWD_DROPOUT_MIN_SEQLEN", gluon_everywhere,
                                    launch_with(bwd, [G._bwd_split_kernel], {"MASK_BITS": 2})),
         }
         grads = {name: [g.clone() for g in fn()] for name, fn in forms.items()}
-        same_dkdv = all(torch.equal(a, c) for a, c in zip(grads["bits"][1:], grads["philox"][1:]))
-        dq_err = ((grads["bits"][0].float() - grads["philox"][0].float()).abs().max()
-                  / grads["philox"][0].float().abs().max()).item()
+        same_dkdv = all(torch.equal(a, c) for f in ("bits", "words")
+                        for a, c in zip(grads[f][1:], grads["philox"][1:]))
+        dq_err = max(((grads[f][0].float() - grads["philox"][0].float()).abs().max()
+                      / grads["philox"][0].float().abs().max()).item() for f in ("bits", "words"))
         vs_triton = max(((a.float() - c.float()).abs().max() / c.float().abs().max()).item()
                         for a, c in zip(grads["bits"], grads["triton"]))
         failed += (not same_dkdv) or dq_err > 2 ** -7
@@ -74,7 +80,7 @@ def main():
                               dq_rel_err=round(dq_err, 5), vs_triton_rel=round(vs_triton, 5),
                               ms={k_: round(v_, 4) for k_, v_ in med.items()},
                               vs_philox={f"{o}_{m}": round(med[f"philox_{m}"] / med[f"{o}_{m}"], 3)
-                                         for o in ("triton", "bits", "nodraw") for m in ("eager", "graphed")},
+                                         for o in ("triton", "bits", "words", "nodraw") for m in ("eager", "graphed")},
                               rounds_ms=times)), flush=True)
     print(f"ab: {failed} check(s) failed", flush=True)
 
