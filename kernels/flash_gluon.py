@@ -967,11 +967,11 @@ def _keep_from_bits(BITS, bh, row0, col0, seqlen, layout: gl.constexpr, ROWS: gl
 
 
 @gluon.jit
-def _keep_t(words_w, st_layout: gl.constexpr, SUB_N: gl.constexpr, BLOCK_M: gl.constexpr):
-    """S^T's keep flags (SUB_N keys x BLOCK_M queries, st_layout) from words_w: per half of SUB_N // 2 keys, one word
-    a query, bit c for the half's key c (MASK_BITS 3, an experiment)."""
-    w0 = words_w.index(0)._reinterpret(gl.int32, [1, BLOCK_M], words_w.layout).load(st_layout)
-    w1 = words_w.index(1)._reinterpret(gl.int32, [1, BLOCK_M], words_w.layout).load(st_layout)
+def _keep_t(words_out, W: gl.constexpr, st_layout: gl.constexpr, SUB_N: gl.constexpr, BLOCK_M: gl.constexpr):
+    """S^T's keep flags (SUB_N keys x BLOCK_M queries, st_layout) of warpgroup W from words_out: per half of SUB_N // 2
+    keys, one word a query, bit c for the half's key c (MASK_BITS 3, an experiment)."""
+    w0 = words_out.index(2 * W).load(st_layout)
+    w1 = words_out.index(2 * W + 1).load(st_layout)
     kk = gl.arange(0, SUB_N, layout=gl.SliceLayout(1, st_layout))[:, None]
     return ((gl.where(kk < SUB_N // 2, w0, w1) >> (kk % (SUB_N // 2))) & 1) != 0
 
@@ -1000,8 +1000,10 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     qk_layout: gl.constexpr = _acc_layout(4, SUB_N // 2)  # (queries, keys) half tiles, one warp per 16 queries
     keep_w = keep_smem.index(W)
-    # MASK_BITS 3 (experiment): the same bytes as (2 halves, BLOCK_M queries, 1) words
-    words_w = keep_w._reinterpret(gl.int32, [2, BLOCK_M, 1], keep_smem.layout)
+    # MASK_BITS 3 (experiment): the same allocation as words, (warpgroup x half, BLOCK_M queries), stored as columns
+    # and read as rows (a view of a view's reinterpretation would lose the view's offset)
+    words_in = keep_smem._reinterpret(gl.int32, [4, BLOCK_M, 1], keep_smem.layout)
+    words_out = keep_smem._reinterpret(gl.int32, [4, 1, BLOCK_M], keep_smem.layout)
     if HAS_DROPOUT and MASK_BITS == 0:
         seed = gl.load(SEED)
     else:
@@ -1039,7 +1041,7 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
                         if MASK_BITS == 3:  # experiment: each query's 32 flags as one word, not 32 bytes transposed
                             kbit = gl.arange(0, SUB_N // 2, layout=gl.SliceLayout(0, qk_layout))
                             words = gl.sum(keep.to(gl.int32) << kbit[None, :], axis=1)
-                            words_w.index(h).store(gl.expand_dims(words, 1))
+                            words_in.index(2 * W + h).store(gl.expand_dims(words, 1))
                         else:
                             keep_w.permute((1, 0)).slice(h * (SUB_N // 2), SUB_N // 2, dim=1).store(
                                 keep.to(gl.int8))
@@ -1058,7 +1060,7 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
                         queries = i * BLOCK_M + qcols
                         pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
                 if HAS_DROPOUT and MASK_BITS == 3:
-                    pt_kept = gl.where(_keep_t(words_w, st_layout, SUB_N, BLOCK_M), pt * drop_scale, 0.0)
+                    pt_kept = gl.where(_keep_t(words_out, W, st_layout, SUB_N, BLOCK_M), pt * drop_scale, 0.0)
                 elif HAS_DROPOUT:
                     pt_kept = gl.where(keep_w.load(st_layout) != 0, pt * drop_scale, 0.0)
                 else:
@@ -1066,7 +1068,7 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
                 dv_tok = warpgroup_mma(gl.convert_layout(pt_kept.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
                 dpt = warpgroup_mma_wait(1, (dpt_tok,))
                 if HAS_DROPOUT and MASK_BITS == 3:
-                    dpt = gl.where(_keep_t(words_w, st_layout, SUB_N, BLOCK_M), dpt * drop_scale, 0.0)
+                    dpt = gl.where(_keep_t(words_out, W, st_layout, SUB_N, BLOCK_M), dpt * drop_scale, 0.0)
                 elif HAS_DROPOUT:
                     dpt = gl.where(keep_w.load(st_layout) != 0, dpt * drop_scale, 0.0)
                 dst = (pt * (dpt - delta)).to(q_s.dtype)
