@@ -1004,7 +1004,7 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
     # and read as rows (a view of a view's reinterpretation would lose the view's offset)
     words_in = keep_smem._reinterpret(gl.int32, [4, BLOCK_M, 1], keep_smem.layout)
     words_out = keep_smem._reinterpret(gl.int32, [4, 1, BLOCK_M], keep_smem.layout)
-    if HAS_DROPOUT and MASK_BITS == 0:
+    if HAS_DROPOUT and (MASK_BITS == 0 or MASK_BITS == 3):
         seed = gl.load(SEED)
     else:
         seed = 0
