@@ -697,8 +697,10 @@ BWD_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 1024, (128, 
 # tile's five matmuls' SM cycles (about one in the forward), and the @triton.jit backward draws each mask twice. The
 # backward alone against the autotuned @triton.jit one, dropout 0.1, on one H100 (results/attention/gluon_bwd_dropout/
 # ab_h100.jsonl; eager / graphed): non-causal 1.13x / 1.12x at 1K, 1.20x at 4K; causal 1.02x / 1.05x at 2K, 1.06x /
-# 1.10x at 4K, a tie at GPT-2's shape (0.995x / 1.003x) and 0.97x at 1K with 32 heads.
-BWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 2048}
+# 1.10x at 4K, a tie at GPT-2's shape (0.995x / 1.003x) and 0.97x at 1K with 32 heads. With the flags handed to S^T's
+# layout as words (session 42, results/attention/gluon_bwd_maskbits/ab_words_h100.txt, graphed): 1.094x at GPT-2's
+# shape and 1.061x at 1K with 32 heads, so causal starts at 1K too.
+BWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 1024}
 
 
 @_core.builtin
@@ -956,22 +958,11 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
 
 
 @gluon.jit
-def _keep_from_bits(BITS, bh, row0, col0, seqlen, layout: gl.constexpr, ROWS: gl.constexpr):
-    """The (ROWS, 32) keep tile of queries row0 .. and keys col0 .. col0 + 31 (col0 a multiple of 32) from BITS, int32
-    (batch x heads, seqlen, seqlen // 32): bit c of word (bh, row, col // 32) is the keep flag of (row, col),
-    c = col % 32 (an experiment: results/attention/gluon_bwd_maskbits/)."""
-    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    words = gl.load(BITS + (bh.to(gl.int64) * seqlen + rows) * (seqlen // 32) + col0 // 32)
-    bit = gl.arange(0, 32, layout=gl.SliceLayout(0, layout))
-    return ((words[:, None] >> bit[None, :]) & 1) != 0
-
-
-@gluon.jit
-def _keep_t(words_out, W: gl.constexpr, st_layout: gl.constexpr, SUB_N: gl.constexpr, BLOCK_M: gl.constexpr):
-    """S^T's keep flags (SUB_N keys x BLOCK_M queries, st_layout) of warpgroup W from words_out: per half of SUB_N // 2
-    keys, one word a query, bit c for the half's key c (MASK_BITS 3, an experiment)."""
-    w0 = words_out.index(2 * W).load(st_layout)
-    w1 = words_out.index(2 * W + 1).load(st_layout)
+def _keep_t(words, W: gl.constexpr, st_layout: gl.constexpr, SUB_N: gl.constexpr):
+    """Warpgroup W's keep flags in S^T's layout (SUB_N keys x BLOCK_M queries) from words (warpgroup x half, 1,
+    BLOCK_M): per half of SUB_N // 2 keys one int32 a query, bit c the flag of the half's key c."""
+    w0 = words.index(2 * W).load(st_layout)
+    w1 = words.index(2 * W + 1).load(st_layout)
     kk = gl.arange(0, SUB_N, layout=gl.SliceLayout(1, st_layout))[:, None]
     return ((gl.where(kk < SUB_N // 2, w0, w1) >> (kk % (SUB_N // 2))) & 1) != 0
 
@@ -979,17 +970,17 @@ def _keep_t(words_out, W: gl.constexpr, st_layout: gl.constexpr, SUB_N: gl.const
 @gluon.jit
 def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
               delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh, nheads,
-              seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem, HEAD_DIM: gl.constexpr,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
-              KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, HAS_DROPOUT: gl.constexpr,
-              MASK_BITS: gl.constexpr):
+              seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, words_smem,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              DQ_STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+              HAS_DROPOUT: gl.constexpr):
     """`_bwd_split_kernel`'s compute warpgroup W (4 warps): keys start_n + 64 W .. + 63 of each key block. Per query
     tile g (counted over all key blocks): S^T, dP^T, P^T, dV and dK for its keys, as `_bwd_tile`, with its dS^T half
     stored to the tile's buffer b = g % 2; then, if g % 2 == W, the tile's whole dQ = dS K over both halves.
     HAS_DROPOUT: kernels.flash's dropout backward with its mask (kernels/gluon_dropout.py), drawn with queries as
-    rows, where one Philox call is one thread's 8 scores, and moved to S^T's layout as int8, as kernels.flash's
-    keys-as-rows dK/dV step does: dV takes P^T with the dropped scores zeroed and the kept ones scaled, dS^T takes
-    dP^T the same way."""
+    rows, where one Philox call is one thread's 8 scores, and moved to S^T's layout through shared memory as one
+    int32 a query and 32 keys (`_keep_t`), as kernels.flash's keys-as-rows dK/dV step reads it: dV takes P^T with the
+    dropped scores zeroed and the kept ones scaled, dS^T takes dP^T the same way."""
     SUB_N: gl.constexpr = BLOCK_N // 2
     st_layout: gl.constexpr = _tile_layout(4, SUB_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(4, SUB_N, HEAD_DIM)
@@ -999,13 +990,10 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
     st_init = gl.zeros([SUB_N, BLOCK_M], gl.float32, layout=st_layout)
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     qk_layout: gl.constexpr = _acc_layout(4, SUB_N // 2)  # (queries, keys) half tiles, one warp per 16 queries
-    keep_w = keep_smem.index(W)
-    # MASK_BITS 3 (experiment): the same allocation as words, (warpgroup x half, BLOCK_M queries), stored as columns
-    # and read as rows (a view of a view's reinterpretation would lose the view's offset)
-    words_in = keep_smem._reinterpret(gl.int32, [4, BLOCK_M, 1], keep_smem.layout)
-    words_out = keep_smem._reinterpret(gl.int32, [4, 1, BLOCK_M], keep_smem.layout)
-    if HAS_DROPOUT and (MASK_BITS == 0 or MASK_BITS == 3):
+    if HAS_DROPOUT:
         seed = gl.load(SEED)
+        # the words, written a query a row as the draw's layout holds them, read a query a column as S^T's does
+        words_by_row = words_smem._reinterpret(gl.int32, [4, BLOCK_M, 1], words_smem.layout)
     else:
         seed = 0
     it = 0
@@ -1027,24 +1015,15 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
             for i in range(lo, n_end):
                 slot = g % STAGES
                 if HAS_DROPOUT:  # drawn first, while Q_i and dO_i may still be loading, in two halves of 32 keys (a
-                    # whole tile's Philox calls at once spilled beside dK and dV), then kept in shared memory,
-                    # transposed, until used
+                    # whole tile's Philox calls at once spilled beside dK and dV). Each query's 32 flags go to shared
+                    # memory as one int32, for S^T's layout to read: 1.07-1.14x the backward that moved them as 32
+                    # transposed bytes (results/attention/gluon_bwd_maskbits/)
                     for h in gl.static_range(2):
-                        if MASK_BITS == 2:  # experiment: every score kept, no draw (timing only)
-                            keep = gl.full([BLOCK_M, SUB_N // 2], 1, gl.int1, layout=qk_layout)
-                        elif MASK_BITS == 1:  # experiment (results/attention/gluon_bwd_maskbits/): SEED: the bits
-                            keep = _keep_from_bits(SEED, bh, i * BLOCK_M, start_w + h * (SUB_N // 2), seqlen,
-                                                   qk_layout, BLOCK_M)
-                        else:
-                            keep = keep_rows(seed, bh, i * BLOCK_M, start_w + h * (SUB_N // 2), drop_thresh,
-                                             qk_layout, BLOCK_M, SUB_N // 2, 4)
-                        if MASK_BITS == 3:  # experiment: each query's 32 flags as one word, not 32 bytes transposed
-                            kbit = gl.arange(0, SUB_N // 2, layout=gl.SliceLayout(0, qk_layout))
-                            words = gl.sum(keep.to(gl.int32) << kbit[None, :], axis=1)
-                            words_in.index(2 * W + h).store(gl.expand_dims(words, 1))
-                        else:
-                            keep_w.permute((1, 0)).slice(h * (SUB_N // 2), SUB_N // 2, dim=1).store(
-                                keep.to(gl.int8))
+                        keep = keep_rows(seed, bh, i * BLOCK_M, start_w + h * (SUB_N // 2), drop_thresh, qk_layout,
+                                         BLOCK_M, SUB_N // 2, 4)
+                        kbit = gl.arange(0, SUB_N // 2, layout=gl.SliceLayout(0, qk_layout))
+                        words = gl.sum(keep.to(gl.int32) << kbit[None, :], axis=1)
+                        words_by_row.index(2 * W + h).store(gl.expand_dims(words, 1))
                     gl.thread_barrier()  # this warpgroup's threads read each other's
                 mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
                 q_s = q_smem.index(slot)
@@ -1059,18 +1038,14 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
                     if i * BLOCK_M < start_w + SUB_N:
                         queries = i * BLOCK_M + qcols
                         pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-                if HAS_DROPOUT and MASK_BITS == 3:
-                    pt_kept = gl.where(_keep_t(words_out, W, st_layout, SUB_N, BLOCK_M), pt * drop_scale, 0.0)
-                elif HAS_DROPOUT:
-                    pt_kept = gl.where(keep_w.load(st_layout) != 0, pt * drop_scale, 0.0)
+                if HAS_DROPOUT:
+                    pt_kept = gl.where(_keep_t(words_smem, W, st_layout, SUB_N), pt * drop_scale, 0.0)
                 else:
                     pt_kept = pt
                 dv_tok = warpgroup_mma(gl.convert_layout(pt_kept.to(q_s.dtype), op_layout), do_s, dv, is_async=True)
                 dpt = warpgroup_mma_wait(1, (dpt_tok,))
-                if HAS_DROPOUT and MASK_BITS == 3:
-                    dpt = gl.where(_keep_t(words_out, W, st_layout, SUB_N, BLOCK_M), dpt * drop_scale, 0.0)
-                elif HAS_DROPOUT:
-                    dpt = gl.where(keep_w.load(st_layout) != 0, dpt * drop_scale, 0.0)
+                if HAS_DROPOUT:
+                    dpt = gl.where(_keep_t(words_smem, W, st_layout, SUB_N), dpt * drop_scale, 0.0)
                 dst = (pt * (dpt - delta)).to(q_s.dtype)
                 b = g % 2
                 # the dQ of tile g - 2 has read this dS^T buffer (a fresh barrier passes parity 1)
@@ -1114,7 +1089,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                       KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False, MASK_BITS: gl.constexpr = 0):
+                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1129,10 +1104,10 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [4, SUB_N, BLOCK_M], ds_layout)  # [tile buffer x warpgroup half]
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
-    # with dropout, each warpgroup's keep-mask of its S^T tile (int8, keys x queries); a one-byte stand-in without
-    keep_smem = gl.allocate_shared_memory(gl.int8, [2, SUB_N, BLOCK_M] if HAS_DROPOUT else [2, 1, 1],
-                                          gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    # with dropout, each warpgroup's keep flags of its S^T tile as words (`_bwd_half`), (warpgroup x half of its keys,
+    # 1, queries); a one-word stand-in without
+    words_smem = gl.allocate_shared_memory(gl.int32, [4, 1, BLOCK_M] if HAS_DROPOUT else [1, 1, 1], stats_layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
@@ -1160,14 +1135,12 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
     gl.warp_specialize([
         (_bwd_half, (gl.constexpr(0), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
                       delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT,
-                      MASK_BITS)),
+                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, words_smem,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
         (_bwd_half, (gl.constexpr(1), dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, lse_smem,
                       delta_smem, kv_ready, kv_empty, ready, empty, ds_full, ds_free, dq_full, dq_empty, n_n, n_bh,
-                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, keep_smem,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT,
-                      MASK_BITS)),
+                      nheads, seqlen, head_group, qk_scale, sm_scale, SEED, drop_thresh, drop_scale, words_smem,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
