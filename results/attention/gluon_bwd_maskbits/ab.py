@@ -11,6 +11,7 @@ Prediction: the draw's ~0.12-0.15 ms a GPT-2 layer falls to a few hundredths (on
 tile, against 256 Philox calls), so the backward at GPT-2's shape ~0.27-0.30 ms, ~1.3x the @triton.jit backward.
 If so, storing the bits in the forward (25 MB a GPT-2 layer: B x H x N x N / 8 bytes) is worth building.
 
+    git checkout 7403174 -- kernels/flash_gluon.py   # the experiment's MASK_BITS forms (README.md)
     FLASH_AUTOTUNE unset: python results/attention/gluon_bwd_maskbits/ab.py   # one H100, ~3 minutes
 
 Checks: the bits form's dK and dV bit-identical to the Philox form's (the same mask, the same arithmetic), dQ within
