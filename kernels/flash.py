@@ -31,7 +31,7 @@ Algorithm
   interpreter, the forward is the two-stage loop. The backward does not use it.
 - Gluon (Hopper, `kernels/flash_gluon.py`), on sm_90 with Triton 3.6, fp16/bf16, seqlen_q == seqlen_k a multiple
   of 128, no varlen, dropout only at head dim 64 (the forward non-causal from 1K and causal from 4K, the backward
-  from 1K and 2K; the mask is this module's, kernels/gluon_dropout.py). Forward at head dims 128 and 64 (from 1K
+  from 1K; the mask is this module's, kernels/gluon_dropout.py). Forward at head dims 128 and 64 (from 1K
   tokens) and 256 (from 512):
   FlashAttention-3's ping-pong of two consumer warpgroups and a loader warp (1.07-1.29x / 1.2-1.9x /
   1.03-1.12x the forward here); same outputs and LSE. Backward at head dim 128 without GQA (from 1K), outside

@@ -28,6 +28,9 @@ import torch.nn.functional as TF  # noqa: E402
 import kernels.flash as F  # noqa: E402
 import kernels.flash_gluon as G  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
+from pp64_bwd import _inputs  # noqa: E402  (q, k, v, dO, LSE, delta and the scale, as pp64's)
+
 SHAPES = [(8, 2048), (4, 4096), (2, 8192), (1, 16384)]  # (batch, seqlen): 16K tokens, 16 heads of 128
 HEADS, D = 16, 128
 
@@ -36,12 +39,7 @@ def main():
     print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}; SMs {G._sm_count(0)}", flush=True)
     failed = 0
     for b, n in SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v, do = (torch.randn(b, n, HEADS, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-                       for _ in range(4))
-        scale = D ** -0.5
-        o, lse, _ = F._flash_fwd(q, k, v, scale, False, 0.0, False, None, None, n, n)
-        delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+        q, k, v, do, lse, delta, scale = _inputs(b, n, HEADS, False, head_dim=D)
         grads = [torch.empty_like(q) for _ in range(3)]
         units = n // 128 * b * HEADS
         auto = G.bwd_tail_split(units, n // 64, G._sm_count(0))

@@ -27,8 +27,10 @@ from ab_common import eager_and_graphed, launch_with  # noqa: E402  (puts the ch
 
 import torch  # noqa: E402
 
-import kernels.flash as F  # noqa: E402
 import kernels.flash_gluon as G  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
+from pp64_bwd import _inputs  # noqa: E402  (q, k, v, dO, LSE, delta and the scale, as pp64's)
 
 HEADS, D = 16, 128
 
@@ -60,12 +62,7 @@ def main():
     failed = 0
     for causal in (False, True):
         for b, n in [(16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]:
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v, do = (torch.randn(b, n, HEADS, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-                           for _ in range(4))
-            scale = D ** -0.5
-            o, lse, _ = F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, n, n)
-            delta = (o.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+            q, k, v, do, lse, delta, scale = _inputs(b, n, HEADS, causal, head_dim=D)
             grads = [torch.empty_like(q) for _ in range(3)]
 
             def bwd(programs):
