@@ -78,6 +78,7 @@ from kernels.flash import (
     problem_sizes,
     seq_bounds,
 )
+from kernels import ops
 from kernels.launch import launch
 from kernels.sparsity import BlockSparseLayout, cdiv, check_layout_tensor
 from kernels.standard import standard_attention
@@ -614,64 +615,46 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
 
 
 # ------------------------------------------------------------------------------------------------
-# PyTorch custom operators (as kernels/flash.py's): torch.compile sees opaque ops with fake shapes. The
-# layout travels as its nine index tables (tensors), built outside the op and cached on the layout.
+# The operators torch.compile sees (kernels/ops.py, as kernels/flash.py's): opaque, with fake shapes. The layout
+# travels as its nine index tables (tensors), built outside the operator and cached on the layout.
 # ------------------------------------------------------------------------------------------------
-@torch.library.custom_op("flashattn::blocksparse_fwd", mutates_args=())
-def _bs_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: list[torch.Tensor],
-               cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, block_size: int,
-               causal: bool, softmax_scale: float, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bs_forward(q, k, v, tables, block_size, causal, softmax_scale, dropout_p, cu_q, cu_k, max_q, max_k)
-
-
-@_bs_fwd_op.register_fake
 def _bs_fwd_fake(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p):
     return (q.new_empty(q.shape), q.new_empty(lse_shape(q, cu_q is not None), dtype=torch.float32),
             q.new_empty((1,), dtype=torch.int64))
 
 
-@torch.library.custom_op("flashattn::blocksparse_bwd", mutates_args=())
-def _bs_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-               lse: torch.Tensor, seed: torch.Tensor, tables: list[torch.Tensor], cu_q: torch.Tensor | None,
-               cu_k: torch.Tensor | None, max_q: int, max_k: int, block_size: int, causal: bool, softmax_scale: float,
-               dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, softmax_scale, dropout_p, cu_q,
-                        cu_k, max_q, max_k)
-
-
-@_bs_bwd_op.register_fake
 def _bs_bwd_fake(do, q, k, v, o, lse, seed, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale,
                  dropout_p):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _bs_setup_context(ctx, inputs, output):
-    q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p = inputs
-    o, lse, seed = output
-    ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k, *tables)
-    ctx.args = (max_q, max_k, block_size, causal, softmax_scale, dropout_p)
-    ctx.mark_non_differentiable(lse, seed)
+def _bs_op_fwd(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p):
+    return _bs_forward(q, k, v, tables, block_size, causal, softmax_scale, dropout_p, cu_q, cu_k, max_q, max_k)
 
 
-def _bs_op_backward(ctx, do, dlse, dseed):
-    q, k, v, o, lse, seed, cu_q, cu_k, *tables = ctx.saved_tensors
-    max_q, max_k, block_size, causal, softmax_scale, dropout_p = ctx.args
-    dq, dk, dv = _bs_bwd_op(do, q, k, v, o, lse, seed, tables, cu_q, cu_k, max_q, max_k, block_size, causal,
-                            softmax_scale, dropout_p)
-    return dq, dk, dv, [None] * len(tables), None, None, None, None, None, None, None, None
+def _bs_op_bwd(do, q, k, v, o, lse, seed, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale,
+               dropout_p):
+    return _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, softmax_scale, dropout_p, cu_q, cu_k,
+                        max_q, max_k)
 
 
-_bs_fwd_op.register_autograd(_bs_op_backward, setup_context=_bs_setup_context)
+_bs_fwd_op = ops.define("blocksparse_fwd(Tensor q, Tensor k, Tensor v, Tensor[] tables, Tensor? cu_q, Tensor? cu_k, "
+                        "SymInt max_q, SymInt max_k, SymInt block_size, bool causal, float softmax_scale, "
+                        "float dropout_p) -> (Tensor, Tensor, Tensor)", _bs_op_fwd, _bs_fwd_fake)
+_bs_bwd_op = ops.define("blocksparse_bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor seed, "
+                        "Tensor[] tables, Tensor? cu_q, Tensor? cu_k, SymInt max_q, SymInt max_k, SymInt block_size, "
+                        "bool causal, float softmax_scale, float dropout_p) -> (Tensor, Tensor, Tensor)",
+                        _bs_op_bwd, _bs_bwd_fake)
 
 
-class _EagerBlockSparse(torch.autograd.Function):
-    """The custom ops' forward and backward for eager calls, without the op dispatcher's host time (as
-    kernels/flash.py's _EagerFlash)."""
+class _BlockSparse(torch.autograd.Function):
+    """Block-sparse attention of q, k, v: the launchers in eager mode, the operators under torch.compile."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p, *tables):
-        o, lse, seed = _bs_forward(q, k, v, list(tables), block_size, causal, softmax_scale, dropout_p, cu_q, cu_k,
-                                   max_q, max_k)
+        forward = _bs_fwd_op if torch.compiler.is_compiling() else _bs_op_fwd
+        o, lse, seed = forward(q, k, v, list(tables), cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale,
+                               dropout_p)
         ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k, *tables)
         ctx.args = (max_q, max_k, block_size, causal, softmax_scale, dropout_p)
         return o
@@ -679,39 +662,26 @@ class _EagerBlockSparse(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, seed, cu_q, cu_k, *tables = ctx.saved_tensors
-        max_q, max_k, block_size, causal, softmax_scale, dropout_p = ctx.args
-        dq, dk, dv = _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, softmax_scale, dropout_p,
-                                  cu_q, cu_k, max_q, max_k)
+        backward = _bs_bwd_op if torch.compiler.is_compiling() else _bs_op_bwd
+        dq, dk, dv = backward(do, q, k, v, o, lse, seed, list(tables), cu_q, cu_k, *ctx.args)
         return (dq, dk, dv) + (None,) * (8 + len(tables))
 
 
 # Self-attention on a fused projection's output, qkv (..., 3, nheads, headdim): the backward writes one gradient
-# shaped like qkv, so neither autograd nor a compiled graph stacks three (as kernels/flash.py's packed ops).
-@torch.library.custom_op("flashattn::blocksparse_fwd_qkvpacked", mutates_args=())
-def _bs_fwd_qkv_op(qkv: torch.Tensor, tables: list[torch.Tensor], cu: torch.Tensor | None, max_s: int,
-                   block_size: int, causal: bool, softmax_scale: float,
-                   dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v = qkv.unbind(dim=-3)
-    return _bs_forward(q, k, v, tables, block_size, causal, softmax_scale, dropout_p, cu, cu, max_s, max_s)
-
-
-@_bs_fwd_qkv_op.register_fake
+# shaped like qkv, so neither autograd nor a compiled graph stacks three (as kernels/flash.py's packed operators).
 def _bs_fwd_qkv_fake(qkv, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p):
     q = qkv.select(-3, 0)
     return (q.new_empty(q.shape), q.new_empty(lse_shape(q, cu is not None), dtype=torch.float32),
             q.new_empty((1,), dtype=torch.int64))
 
 
-@torch.library.custom_op("flashattn::blocksparse_bwd_qkvpacked", mutates_args=())
-def _bs_bwd_qkv_op(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, seed: torch.Tensor,
-                   tables: list[torch.Tensor], cu: torch.Tensor | None, max_s: int, block_size: int, causal: bool,
-                   softmax_scale: float, dropout_p: float) -> torch.Tensor:
-    return _bs_backward_qkv(do, qkv, o, lse, seed, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p)
-
-
-@_bs_bwd_qkv_op.register_fake
 def _bs_bwd_qkv_fake(do, qkv, o, lse, seed, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p):
     return qkv.new_empty(qkv.shape)
+
+
+def _bs_forward_qkv(qkv, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p):
+    q, k, v = qkv.unbind(dim=-3)
+    return _bs_forward(q, k, v, tables, block_size, causal, softmax_scale, dropout_p, cu, cu, max_s, max_s)
 
 
 def _bs_backward_qkv(do, qkv, o, lse, seed, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p):
@@ -722,32 +692,21 @@ def _bs_backward_qkv(do, qkv, o, lse, seed, tables, cu, max_s, block_size, causa
     return dqkv
 
 
-def _bs_qkv_setup_context(ctx, inputs, output):
-    qkv, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p = inputs
-    o, lse, seed = output
-    ctx.save_for_backward(qkv, o, lse, seed, cu, *tables)
-    ctx.args = (max_s, block_size, causal, softmax_scale, dropout_p)
-    ctx.mark_non_differentiable(lse, seed)
+_bs_fwd_qkv_op = ops.define("blocksparse_fwd_qkvpacked(Tensor qkv, Tensor[] tables, Tensor? cu, SymInt max_s, "
+                            "SymInt block_size, bool causal, float softmax_scale, float dropout_p) "
+                            "-> (Tensor, Tensor, Tensor)", _bs_forward_qkv, _bs_fwd_qkv_fake)
+_bs_bwd_qkv_op = ops.define("blocksparse_bwd_qkvpacked(Tensor do, Tensor qkv, Tensor o, Tensor lse, Tensor seed, "
+                            "Tensor[] tables, Tensor? cu, SymInt max_s, SymInt block_size, bool causal, "
+                            "float softmax_scale, float dropout_p) -> Tensor", _bs_backward_qkv, _bs_bwd_qkv_fake)
 
 
-def _bs_qkv_op_backward(ctx, do, dlse, dseed):
-    qkv, o, lse, seed, cu, *tables = ctx.saved_tensors
-    max_s, block_size, causal, softmax_scale, dropout_p = ctx.args
-    dqkv = _bs_bwd_qkv_op(do, qkv, o, lse, seed, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p)
-    return dqkv, [None] * len(tables), None, None, None, None, None, None
-
-
-_bs_fwd_qkv_op.register_autograd(_bs_qkv_op_backward, setup_context=_bs_qkv_setup_context)
-
-
-class _EagerBlockSparseQKV(torch.autograd.Function):
-    """The packed ops' forward and backward for eager calls (see _EagerBlockSparse)."""
+class _BlockSparseQKV(torch.autograd.Function):
+    """Block-sparse self-attention on packed projections (see _BlockSparse)."""
 
     @staticmethod
     def forward(ctx, qkv, cu, max_s, block_size, causal, softmax_scale, dropout_p, *tables):
-        q, k, v = qkv.unbind(dim=-3)
-        o, lse, seed = _bs_forward(q, k, v, list(tables), block_size, causal, softmax_scale, dropout_p, cu, cu,
-                                   max_s, max_s)
+        forward = _bs_fwd_qkv_op if torch.compiler.is_compiling() else _bs_forward_qkv
+        o, lse, seed = forward(qkv, list(tables), cu, max_s, block_size, causal, softmax_scale, dropout_p)
         ctx.save_for_backward(qkv, o, lse, seed, cu, *tables)
         ctx.args = (max_s, block_size, causal, softmax_scale, dropout_p)
         return o
@@ -755,23 +714,19 @@ class _EagerBlockSparseQKV(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         qkv, o, lse, seed, cu, *tables = ctx.saved_tensors
-        dqkv = _bs_backward_qkv(do, qkv, o, lse, seed, tables, cu, *ctx.args)
+        backward = _bs_bwd_qkv_op if torch.compiler.is_compiling() else _bs_backward_qkv
+        dqkv = backward(do, qkv, o, lse, seed, list(tables), cu, *ctx.args)
         return (dqkv,) + (None,) * (6 + len(tables))
 
 
 def _blocksparse(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p):
-    """The output: the custom op under torch.compile, the plain autograd Function in eager mode."""
-    if torch.compiler.is_compiling():
-        return _bs_fwd_op(q, k, v, tables, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale,
-                          dropout_p)[0]
-    return _EagerBlockSparse.apply(q, k, v, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p,
-                                   *tables)
+    q, k, v, cu_q, cu_k, *tables = ops.distinct(q, k, v, cu_q, cu_k, *tables)
+    return _BlockSparse.apply(q, k, v, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p, *tables)
 
 
 def _blocksparse_qkv(qkv, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p):
-    if torch.compiler.is_compiling():
-        return _bs_fwd_qkv_op(qkv, tables, cu, max_s, block_size, causal, softmax_scale, dropout_p)[0]
-    return _EagerBlockSparseQKV.apply(qkv, cu, max_s, block_size, causal, softmax_scale, dropout_p, *tables)
+    qkv, cu, *tables = ops.distinct(qkv, cu, *tables)
+    return _BlockSparseQKV.apply(qkv, cu, max_s, block_size, causal, softmax_scale, dropout_p, *tables)
 
 
 def _dense_setup(q, k, layout, block_size, softmax_scale, causal):

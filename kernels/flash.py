@@ -59,8 +59,9 @@ of having no atomics; FlashAttention-2's one-kernel backward (dQ added atomicall
 
 Layout of this module (the parts marked SHARED are the building blocks kernels/blocksparse.py is meant to reuse):
 @triton.jit building blocks -> @triton.jit kernels -> host launchers with input checks ->
-PyTorch custom operators `flashattn::fwd` / `flashattn::bwd` (fake implementations and autograd registered,
-so torch.compile(fullgraph=True) traces through them) -> public `flash_attn_func` / `flash_attn_varlen_func`.
+operators `flashattn::fwd` / `flashattn::bwd` (kernels/ops.py; fake implementations) and the autograd Function
+that launches the kernels in eager mode and calls the operators under torch.compile(fullgraph=True) -> public
+`flash_attn_func` / `flash_attn_varlen_func`.
 """
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import ops
 from kernels.launch import _interpreting, launch
 from kernels.sparsity import cdiv
 
@@ -1408,87 +1410,55 @@ def _fused_bwd(q, dropout_p: float, block_d: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-# PyTorch custom operators: torch.compile sees two opaque ops with fake (shape-only) implementations,
-# never the launchers or the autotuner behind them, so compiled models keep one graph.
+# The operators torch.compile sees (kernels/ops.py): opaque, with fake (shape-only) implementations, so compiled
+# models keep one graph and Dynamo never enters the launchers or the autotuner. The autograd Functions below launch
+# the kernels directly in eager mode and call the operators while Dynamo traces them.
 # ---------------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("flashattn::fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None,
-            max_q: int, max_k: int, softmax_scale: float, causal: bool,
-            dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, base-2 LSE, dropout seed)."""
-    return _op_fwd(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
-
-
 def _op_fwd(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
-    """The custom ops' forward. An op's outputs may not alias each other, so without dropout the seed is a
-    fresh zero tensor rather than a placeholder pointer."""
+    """(out, base-2 LSE, dropout seed). An operator's outputs may not alias each other, so without dropout the seed
+    is a fresh zero tensor rather than a placeholder pointer."""
     o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k, max_q, max_k)
     if dropout_p == 0:
         seed = torch.zeros(1, dtype=torch.int64, device=q.device)
     return o, lse, seed
 
 
-@_fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
     return (q.new_empty(q.shape), q.new_empty(lse_shape(q, cu_q is not None), dtype=torch.float32),
             q.new_empty((1,), dtype=torch.int64))
 
 
-@torch.library.custom_op("flashattn::bwd", mutates_args=())
-def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-            seed: torch.Tensor, cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int,
-            softmax_scale: float, causal: bool, dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _op_bwd(do, q, k, v, o, lse, seed, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
     return _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k,
                       max_q, max_k)
 
 
-@_bwd_op.register_fake
 def _bwd_fake(do, q, k, v, o, lse, seed, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p = inputs
-    o, lse, seed = output
-    ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
-    ctx.args = (max_q, max_k, softmax_scale, causal, dropout_p)
-    ctx.mark_non_differentiable(lse, seed)
+_fwd_op = ops.define("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_q, Tensor? cu_k, SymInt max_q, SymInt max_k, "
+                     "float softmax_scale, bool causal, float dropout_p) -> (Tensor, Tensor, Tensor)",
+                     _op_fwd, _fwd_fake)
+_bwd_op = ops.define("bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor seed, Tensor? cu_q, "
+                     "Tensor? cu_k, SymInt max_q, SymInt max_k, float softmax_scale, bool causal, float dropout_p) "
+                     "-> (Tensor, Tensor, Tensor)", _op_bwd, _bwd_fake)
 
 
-def _fwd_backward(ctx, do, dlse, dseed):
-    q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
-    max_q, max_k, softmax_scale, causal, dropout_p = ctx.args
-    dq, dk, dv = _bwd_op(do, q, k, v, o, lse, seed, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
-    return dq, dk, dv, None, None, None, None, None, None, None
-
-
-_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
-
-
-# Self-attention on a fused projection's output, qkv (..., 3, nheads, headdim), as its own pair of ops: the
-# backward writes dQ, dK, dV into one gradient shaped like qkv. Through the unpacked ops, the compiled
-# backward stacks three separate gradients into it (a copy of the projection output per layer).
-@torch.library.custom_op("flashattn::fwd_qkvpacked", mutates_args=())
-def _fwd_qkv_op(qkv: torch.Tensor, cu: torch.Tensor | None, max_s: int, softmax_scale: float, causal: bool,
-                dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+# Self-attention on a fused projection's output, qkv (..., 3, nheads, headdim), as its own pair of operators: the
+# backward writes dQ, dK, dV into one gradient shaped like qkv. Through the unpacked ones, the compiled backward
+# stacks three separate gradients into it (a copy of the projection output per layer).
+def _op_fwd_qkv(qkv, cu, max_s, softmax_scale, causal, dropout_p):
     q, k, v = qkv.unbind(dim=-3)
     return _op_fwd(q, k, v, cu, cu, max_s, max_s, softmax_scale, causal, dropout_p)
 
 
-@_fwd_qkv_op.register_fake
 def _fwd_qkv_fake(qkv, cu, max_s, softmax_scale, causal, dropout_p):
     q = qkv.select(-3, 0)
     return (q.new_empty(q.shape), q.new_empty(lse_shape(q, cu is not None), dtype=torch.float32),
             q.new_empty((1,), dtype=torch.int64))
-
-
-@torch.library.custom_op("flashattn::bwd_qkvpacked", mutates_args=())
-def _bwd_qkv_op(do: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, seed: torch.Tensor,
-                cu: torch.Tensor | None, max_s: int, softmax_scale: float, causal: bool,
-                dropout_p: float) -> torch.Tensor:
-    return _bwd_packed(do, qkv, o, lse, seed, cu, max_s, softmax_scale, causal, dropout_p)
 
 
 def _bwd_packed(do, qkv, o, lse, seed, cu, max_s, softmax_scale, causal, dropout_p):
@@ -1500,36 +1470,27 @@ def _bwd_packed(do, qkv, o, lse, seed, cu, max_s, softmax_scale, causal, dropout
     return dqkv
 
 
-@_bwd_qkv_op.register_fake
 def _bwd_qkv_fake(do, qkv, o, lse, seed, cu, max_s, softmax_scale, causal, dropout_p):
     return qkv.new_empty(qkv.shape)
 
 
-def _fwd_qkv_setup_context(ctx, inputs, output):
-    qkv, cu, max_s, softmax_scale, causal, dropout_p = inputs
-    o, lse, seed = output
-    ctx.save_for_backward(qkv, o, lse, seed, cu)
-    ctx.args = (max_s, softmax_scale, causal, dropout_p)
-    ctx.mark_non_differentiable(lse, seed)
+_fwd_qkv_op = ops.define("fwd_qkvpacked(Tensor qkv, Tensor? cu, SymInt max_s, float softmax_scale, bool causal, "
+                         "float dropout_p) -> (Tensor, Tensor, Tensor)", _op_fwd_qkv, _fwd_qkv_fake)
+_bwd_qkv_op = ops.define("bwd_qkvpacked(Tensor do, Tensor qkv, Tensor o, Tensor lse, Tensor seed, Tensor? cu, "
+                         "SymInt max_s, float softmax_scale, bool causal, float dropout_p) -> Tensor",
+                         _bwd_packed, _bwd_qkv_fake)
 
 
-def _fwd_qkv_backward(ctx, do, dlse, dseed):
-    qkv, o, lse, seed, cu = ctx.saved_tensors
-    return (_bwd_qkv_op(do, qkv, o, lse, seed, cu, *ctx.args), None, None, None, None, None)
-
-
-_fwd_qkv_op.register_autograd(_fwd_qkv_backward, setup_context=_fwd_qkv_setup_context)
-
-
-class _EagerFlash(torch.autograd.Function):
-    """The same forward and backward as the custom ops, for eager calls: the op dispatcher and its
-    autograd wrapper cost ~100 us of host time per call each way, as much as a whole BERT-shape kernel,
-    and eager models are launch-bound at small shapes. Compiled graphs take the ops (see `_attention`)."""
+class _Flash(torch.autograd.Function):
+    """Attention of q, k, v: the kernels' launchers in eager mode, the operators under torch.compile."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
-        o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k, max_q,
-                                  max_k)
+        if torch.compiler.is_compiling():
+            o, lse, seed = _fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
+        else:
+            o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k, max_q,
+                                      max_k)
         ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
         ctx.args = (max_q, max_k, softmax_scale, causal, dropout_p)
         ctx.mark_non_differentiable(lse)
@@ -1541,39 +1502,36 @@ class _EagerFlash(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
-        max_q, max_k, softmax_scale, causal, dropout_p = ctx.args
-        dq, dk, dv = _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, cu_q is not None,
-                                cu_q, cu_k, max_q, max_k)
+        if torch.compiler.is_compiling():
+            dq, dk, dv = _bwd_op(do, q, k, v, o, lse, seed, cu_q, cu_k, *ctx.args)
+        else:
+            dq, dk, dv = _op_bwd(do, q, k, v, o, lse, seed, cu_q, cu_k, *ctx.args)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
-class _EagerFlashQKV(torch.autograd.Function):
+class _FlashQKV(torch.autograd.Function):
     """Self-attention on the fused projection's output, qkv (..., 3, nheads, headdim): the backward writes
     dQ, dK, dV into one (..., 3, nheads, headdim) gradient, so autograd never stacks three separate ones
     (a copy of the whole projection output per layer, which the unbound q, k, v would cost)."""
 
     @staticmethod
     def forward(ctx, qkv, cu, max_s, softmax_scale, causal, dropout_p):
-        q, k, v = qkv.unbind(dim=-3)
-        o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s)
+        if torch.compiler.is_compiling():
+            o, lse, seed = _fwd_qkv_op(qkv, cu, max_s, softmax_scale, causal, dropout_p)
+        else:
+            q, k, v = qkv.unbind(dim=-3)
+            o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s)
         ctx.save_for_backward(qkv, o, lse, seed, cu)
         ctx.args = (max_s, softmax_scale, causal, dropout_p)
         ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # as in _EagerFlash
+        ctx.set_materialize_grads(False)  # as in _Flash
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
         qkv, o, lse, seed, cu = ctx.saved_tensors
-        return _bwd_packed(do, qkv, o, lse, seed, cu, *ctx.args), None, None, None, None, None
-
-
-def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
-    """(out, base-2 LSE): the custom op under torch.compile, the plain autograd Function in eager mode."""
-    if torch.compiler.is_compiling():
-        out, lse, _ = _fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
-        return out, lse
-    return _EagerFlash.apply(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
+        backward = _bwd_qkv_op if torch.compiler.is_compiling() else _bwd_packed
+        return backward(do, qkv, o, lse, seed, cu, *ctx.args), None, None, None, None, None
 
 
 def _softmax_scale(softmax_scale: float | None, headdim: int) -> float:
@@ -1595,7 +1553,8 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     check_inputs(q, k, v, dropout_p=dropout_p)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
-    out, lse = _attention(q, k, v, None, None, q.shape[1], k.shape[1], float(scale), bool(causal), float(dropout_p))
+    out, lse = _Flash.apply(*ops.distinct(q, k, v), None, None, q.shape[1], k.shape[1], float(scale), bool(causal),
+                            float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
 
 
@@ -1614,8 +1573,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                  max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     q, k, v = _lastdim_contig(q), _lastdim_contig(k), _lastdim_contig(v)
-    out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), float(scale),
-                          bool(causal), float(dropout_p))
+    out, lse = _Flash.apply(*ops.distinct(q, k, v, cu_seqlens_q, cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k),
+                            float(scale), bool(causal), float(dropout_p))
     return (out, _public_lse(lse)) if return_lse else out
 
 
@@ -1635,9 +1594,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: float 
     q, k, v = qkv.unbind(dim=2)
     check_inputs(q, k, v, dropout_p=dropout_p)
     scale = _softmax_scale(softmax_scale, qkv.shape[-1])
-    if torch.compiler.is_compiling():
-        return _fwd_qkv_op(qkv, None, qkv.shape[1], float(scale), bool(causal), float(dropout_p))[0]
-    out, _ = _EagerFlashQKV.apply(qkv, None, qkv.shape[1], float(scale), bool(causal), float(dropout_p))
+    out, _ = _FlashQKV.apply(qkv, None, qkv.shape[1], float(scale), bool(causal), float(dropout_p))
     return out
 
 
@@ -1652,9 +1609,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: flo
                  cu_seqlens_k=cu_seqlens if check_seqlens else None, max_seqlen_q=max_seqlen,
                  max_seqlen_k=max_seqlen, dropout_p=dropout_p)
     scale = _softmax_scale(softmax_scale, qkv.shape[-1])
-    if torch.compiler.is_compiling():
-        return _fwd_qkv_op(qkv, cu_seqlens, int(max_seqlen), float(scale), bool(causal), float(dropout_p))[0]
-    out, _ = _EagerFlashQKV.apply(qkv, cu_seqlens, int(max_seqlen), float(scale), bool(causal), float(dropout_p))
+    out, _ = _FlashQKV.apply(qkv, cu_seqlens, int(max_seqlen), float(scale), bool(causal), float(dropout_p))
     return out
 
 

@@ -1,7 +1,7 @@
-"""torch.compile over our kernels: the flash and block-sparse kernels are custom operators (flashattn::fwd /
+"""torch.compile over our kernels: the flash and block-sparse kernels are operators (kernels/ops.py: flashattn::fwd /
 ::bwd, flashattn::blocksparse_fwd / _bwd, and each one's packed-qkv pair, *_qkvpacked, whose backward writes one
-gradient shaped like qkv) with fake implementations, so Dynamo traces a model that calls them in one graph and
-never enters the launchers or the autotuner. On the CPU the graphs run with the aot_eager backend (inductor
+gradient shaped like qkv) with fake implementations, called from autograd Functions that Dynamo traces, so a model
+that calls them compiles to one graph that never enters the launchers or the autotuner. On the CPU the graphs run with the aot_eager backend (inductor
 compiles C++ for minutes); the GPU test uses inductor."""
 import pytest
 import torch
@@ -23,12 +23,17 @@ def _inputs(device, varlen=False):
     return q, k, v, None, None, 24, 24
 
 
+# The operators carry no autograd formula (kernels/ops.py: the autograd Functions that call them do), so they are
+# checked on inputs that do not require grad. The dense case runs every other check; varlen skips the slowest (AOT
+# dispatch with dynamic shapes).
+_OPCHECKS = {False: ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+             True: ("test_schema", "test_faketensor")}
+
+
 @pytest.mark.parametrize("varlen", [False, True])
-def test_custom_ops_pass_opcheck(varlen, device):
-    q, k, v, cu_q, cu_k, mq, mk = _inputs(device, varlen)
-    # The dense case runs every check; varlen skips the slowest (AOT dispatch with dynamic shapes).
-    checks = ("test_schema", "test_autograd_registration", "test_faketensor") + (() if varlen else
-                                                                                 ("test_aot_dispatch_dynamic",))
+def test_ops_pass_opcheck(varlen, device):
+    q, k, v, cu_q, cu_k, mq, mk = (t.detach() if isinstance(t, torch.Tensor) else t for t in _inputs(device, varlen))
+    checks = _OPCHECKS[varlen]
     fwd_args = (q, k, v, cu_q, cu_k, mq, mk, 0.25, True, 0.0)
     torch.library.opcheck(torch.ops.flashattn.fwd.default, fwd_args, test_utils=checks)
     o, lse, seed = torch.ops.flashattn.fwd(*fwd_args)
@@ -45,9 +50,7 @@ def test_packed_qkv_ops_pass_opcheck(varlen, device):
                                                                                      device=device), 20
     else:
         qkv, cu, ms = torch.randn(2, 24, 3, 2, 16, generator=g).to(device), None, 24
-    qkv.requires_grad_()
-    checks = ("test_schema", "test_autograd_registration", "test_faketensor") + (() if varlen else
-                                                                                 ("test_aot_dispatch_dynamic",))
+    checks = _OPCHECKS[varlen]
     fwd_args = (qkv, cu, ms, 0.25, True, 0.0)
     torch.library.opcheck(torch.ops.flashattn.fwd_qkvpacked.default, fwd_args, test_utils=checks)
     o, lse, seed = torch.ops.flashattn.fwd_qkvpacked(*fwd_args)
@@ -55,11 +58,46 @@ def test_packed_qkv_ops_pass_opcheck(varlen, device):
     torch.library.opcheck(torch.ops.flashattn.bwd_qkvpacked.default, bwd_args, test_utils=checks)
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_compiled_attention_runs_the_operators_with_eager_gradients(varlen, device):
+    """flash_attn_func / flash_attn_varlen_func compiled: the forward graph calls flashattn::fwd, the backward graph
+    flashattn::bwd (the autograd Function's two halves), and values and gradients equal eager ones."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from kernels.flash import flash_attn_func, flash_attn_varlen_func
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return make_boxed_func(gm)
+
+    q, k, v, cu_q, cu_k, mq, mk = _inputs(device, varlen)
+    do = torch.randn_like(q)
+
+    def attn(q, k, v):
+        if varlen:  # cu_q is cu_k: one tensor given twice, which the Function must take (kernels.ops.distinct)
+            return flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True, check_seqlens=False)
+        return flash_attn_func(q, k, v, causal=True) + flash_attn_func(q, q, q)  # q is k is v in the second call
+
+    torch._dynamo.reset()
+    out = torch.compile(attn, fullgraph=True, backend=aot_autograd(fw_compiler=record, bw_compiler=record))(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref = attn(q, k, v)
+    torch.testing.assert_close(out, ref)
+    for got, want in zip(grads, torch.autograd.grad(ref, (q, k, v), do)):
+        torch.testing.assert_close(got, want)
+    forward, backward = graphs
+    assert "flashattn.fwd.default" in forward and "flashattn.bwd.default" not in forward, forward
+    assert "flashattn.bwd.default" in backward and "flashattn.fwd.default" not in backward, backward
+
+
 @pytest.mark.parametrize("kind", ["flash", "blocksparse"])
 def test_compiled_packed_attention_takes_the_packed_gradient_op(kind, device):
     """Compiled self-attention on a fused projection's qkv (what the models call) runs the packed-qkv ops, whose
     backward writes one gradient shaped like qkv, so no stack of three gradients is left for the compiler to copy;
     values and gradients equal eager ones."""
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from kernels import sparsity
     from kernels.blocksparse import blocksparse_attn_qkvpacked_func
@@ -69,7 +107,7 @@ def test_compiled_packed_attention_takes_the_packed_gradient_op(kind, device):
 
     def record(gm, example_inputs):
         seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm
+        return make_boxed_func(gm)
 
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(2, 32, 3, 2, 16, generator=g).to(device).requires_grad_()
@@ -125,7 +163,7 @@ def test_compiled_dropout_draws_a_new_mask_per_call(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["flash", "blocksparse"])
 def test_gpu_gpt2_inductor_matches_eager(kind):
-    """Inductor around the custom operators: forward and gradients as in eager, in one graph."""
+    """Inductor around the operators: forward and gradients as in eager, in one graph."""
     import functools
 
     from kernels.attention import BlockSparseAttention

@@ -703,7 +703,7 @@ def test_gpu_gluon_backward_chosen_automatically(monkeypatch):
 @pytest.mark.parametrize("nheads_k", [2, 4], ids=["gqa-triton-backward", "mha-gluon-backward"])
 def test_gpu_gluon_under_cuda_graph_and_compile(nheads_k):
     """The Gluon kernels take TMA descriptors built on the host, by value: a captured CUDA graph replays them with the
-    static buffers' addresses on new inputs, and torch.compile(fullgraph=True) traces the custom ops around them; both
+    static buffers' addresses on new inputs, and torch.compile(fullgraph=True) traces the operators around them; both
     give the eager result (dQ of the Gluon backward up to its varying summation order)."""
     q, k, v = (x.requires_grad_() for x in _qkv(1, 2048, 2048, 4, nheads_k, 128, torch.bfloat16, "cuda"))
     assert _why(q, k, v, causal=True) is None
