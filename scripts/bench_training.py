@@ -12,7 +12,9 @@ optimizer steps untimed, then `--steps` timed with a device sync at both ends.
 Rows: hf-eager / hf-sdpa (transformers' own training step: attn_implementation "eager" / "sdpa"),
 ours-standard / ours-sdpa / ours-sdpa-compile / ours-flash / ours-flash-compile (the real `train/run.py` path: the
 composed Hydra config, LMTask and LMDataModule driven by lightning.Trainer, with the checkpoint,
-logger and progress-bar extras off so that only the training loop is timed).
+logger and progress-bar extras off so that only the training loop is timed). On request only:
+ours-{sdpa,flash}-compile-graphs (compile=true compile_mode=reduce-overhead) and ours-{sdpa,flash}-step-graph
+(cuda_graph=step), the two ways to take the host's launch time out of a step.
 Writes bench_training.json and bench_training.md (GPU, versions, date, command) to --out; relative
 paths (--out, --data-dir, --workdir) count from the repo root.
 """
@@ -29,6 +31,11 @@ repo_root()
 
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False),
         "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False), "ours-flash-compile": ("flash", True)}
+# Rows that take the host out of the step, run only when asked for: the compiled model replayed as CUDA graphs
+# (torch.compile's reduce-overhead), and the eager step with its optimizer captured as one graph (cuda_graph=step).
+GRAPHED = {f"ours-{attn}-{suffix}": (attn, compile_, extra) for attn in ("sdpa", "flash")
+           for suffix, compile_, extra in (("compile-graphs", True, "compile_mode=reduce-overhead"),
+                                           ("step-graph", False, "cuda_graph=step"))}
 ROWS = ["hf-eager", "hf-sdpa", *OURS]
 
 
@@ -106,7 +113,7 @@ def one_row(args) -> dict:
     if name.startswith("hf-"):
         res = run_hf(args, name[3:])
     else:
-        res = run_ours(args, *OURS[name])
+        res = run_ours(args, *OURS[name]) if name in OURS else run_ours(args, *GRAPHED[name])
     tokens = args.steps * args.batch * args.seq_len
     res.update(row=name, steps=args.steps, warmup=args.warmup, batch=args.batch, seq_len=args.seq_len,
                tokens_per_s=tokens / res["seconds"], step_ms=1000 * res["seconds"] / args.steps)
@@ -143,6 +150,9 @@ def main():
         print("ROWJSON " + json.dumps(one_row(args)), flush=True)
         return
 
+    unknown = [n for n in args.rows.split(",") if n not in ROWS and n not in GRAPHED]
+    if unknown:
+        ap.error(f"unknown rows {unknown}: choose from {ROWS + list(GRAPHED)}")
     if args.data_source == "embedded":
         from train.data import prepare_embedded
 

@@ -1,8 +1,8 @@
 """torch.compile over our kernels: the flash and block-sparse kernels are operators (kernels/ops.py: flashattn::fwd /
 ::bwd, flashattn::blocksparse_fwd / _bwd, and each one's packed-qkv pair, *_qkvpacked, whose backward writes one
 gradient shaped like qkv) with fake implementations, called from autograd Functions that Dynamo traces, so a model
-that calls them compiles to one graph that never enters the launchers or the autotuner. On the CPU the graphs run with the aot_eager backend (inductor
-compiles C++ for minutes); the GPU test uses inductor."""
+that calls them compiles to one graph that never enters the launchers or the autotuner. On the CPU the graphs run
+with the aot_eager backend (inductor compiles C++ for minutes); the GPU tests use inductor."""
 import pytest
 import torch
 
@@ -188,6 +188,36 @@ def test_gpu_gpt2_inductor_matches_eager(kind):
         torch.testing.assert_close(g, r, atol=3e-2, rtol=5e-2)
 
 
+@pytest.mark.gpu
+def test_gpu_gpt2_reduce_overhead_trains_as_eager():
+    """compile_mode=reduce-overhead (inductor's CUDA graphs) around the flash operators: without dropout, five SGD
+    steps take the eager run's losses; with attention dropout, each replay draws a new mask."""
+    def losses(compile_mode, attn_pdrop=0.0, steps=5, lr=0.1):
+        torch.manual_seed(0)
+        model = GPT2(**TINY, attn_pdrop=attn_pdrop, embd_pdrop=0.0, resid_pdrop=0.0,
+                     attention_factory=FlashAttention).cuda()
+        step = torch.compile(model, mode=compile_mode) if compile_mode else model
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        ids = torch.randint(0, 50, (4, 32), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+        out = []
+        for _ in range(steps):
+            torch.compiler.cudagraph_mark_step_begin()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = step(ids).float().square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            out.append(loss.item())
+        return out
+
+    torch._dynamo.reset()
+    torch.testing.assert_close(losses("reduce-overhead"), losses(None), atol=2e-2, rtol=2e-2)
+    # lr 0: the weights stay put, so equal losses would mean a mask frozen into the graph
+    with_dropout = losses("reduce-overhead", attn_pdrop=0.3, steps=4, lr=0.0)
+    assert len(set(with_dropout)) == 4, with_dropout
+    assert with_dropout[0] != losses("reduce-overhead", steps=1, lr=0.0)[0]
+
+
 def test_gpt2_with_blocksparse_compiles_to_one_graph(device):
     import functools
 
@@ -306,3 +336,20 @@ def test_task_compile_option_picks_the_scope():
     assert whole._compiled_call_impl is not None and all(b._compiled_call_impl is None for b in whole.transformer.blocks)
     with pytest.raises(ValueError, match="compile scope"):
         MLMTask(fresh(), compile="layers")
+
+
+def test_task_compile_mode_reaches_torch_compile(monkeypatch):
+    """compile_mode=reduce-overhead is handed to torch.compile as its mode; an unknown mode, or a mode without
+    compile=true, fails at once instead of training uncompiled."""
+    from train import task as task_module
+    from train.task import LMTask
+
+    seen = []
+    monkeypatch.setattr(task_module, "compile_model", lambda model, scope, **kw: seen.append((scope, kw)))
+    LMTask(GPT2(**TINY), compile=True, compile_mode="reduce-overhead")
+    LMTask(GPT2(**TINY), compile=True)
+    assert seen == [("blocks", {"mode": "reduce-overhead"}), ("blocks", {})]
+    with pytest.raises(ValueError, match="choose one of"):
+        LMTask(GPT2(**TINY), compile=True, compile_mode="fast")
+    with pytest.raises(ValueError, match="set compile=true"):
+        LMTask(GPT2(**TINY), compile_mode="reduce-overhead")

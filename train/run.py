@@ -87,7 +87,7 @@ def build(cfg: DictConfig):
     task = instantiate(cfg.task, model=model, optimizer=instantiate(cfg.optimizer),
                        scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
                        compile=cfg.compile, seed=cfg.seed if cfg.get("dropout_seed") is None else cfg.dropout_seed,
-                       cuda_graph=cfg.get("cuda_graph", False))
+                       cuda_graph=cfg.get("cuda_graph", False), compile_mode=cfg.get("compile_mode", "default"))
     datamodule = instantiate(cfg.data, num_samples=cfg.trainer.max_steps * accum * micro * world)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]

@@ -44,6 +44,9 @@ def _describe(factory) -> dict | None:
 
 
 COMPILE_SCOPES = ("blocks", "model")
+# torch.compile's modes (compile_mode): "reduce-overhead" replays each compiled graph as a CUDA graph (inductor's
+# own, so the host's launch time drops out of the step); the default launches every kernel from the host.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # cuda_graph: false (eager), true (the model's forward and backward as graphs, GraphedModel) or "step" (the whole
 # training step, optimizer included, as one graph, GraphedStep); train/cuda_graph.py says what each needs.
 CUDA_GRAPH_MODES = (False, True, "step")
@@ -87,14 +90,19 @@ class Task(L.LightningModule):
     """
 
     def __init__(self, model: nn.Module, optimizer=None, scheduler=None, compile: bool | str = False,
-                 seed: int = 1234, reseed_each_step: bool = True, cuda_graph: bool | str = False):
+                 seed: int = 1234, reseed_each_step: bool = True, cuda_graph: bool | str = False,
+                 compile_mode: str = "default"):
         super().__init__()
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode={compile_mode!r}: choose one of {COMPILE_MODES}")
+        if compile_mode != "default" and not compile:
+            raise ValueError(f"compile_mode={compile_mode} is torch.compile's mode: set compile=true too")
         if cuda_graph not in CUDA_GRAPH_MODES:
             raise ValueError(f"cuda_graph={cuda_graph!r}: choose false, true (the model's forward and backward) "
                              "or step (the whole training step)")
         if cuda_graph and compile:
             raise ValueError(f"cuda_graph={str(cuda_graph).lower()} and compile: choose one (torch.compile has its "
-                             "own CUDA graphs, mode='reduce-overhead')")
+                             "own CUDA graphs: compile_mode=reduce-overhead)")
         self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"])
         self.hparams.update(optimizer=_describe(optimizer), scheduler=_describe(scheduler))
         self.model = model
@@ -102,7 +110,8 @@ class Task(L.LightningModule):
         self.scheduler_factory = scheduler
         self.no_decay = no_decay_names(model)  # decided on the plain model, before any wrapping
         if compile:  # True, or the scope for token-packing encoders: "blocks" (= True) or "model"
-            compile_model(model, scope="blocks" if compile is True else compile)
+            compile_model(model, scope="blocks" if compile is True else compile,
+                          **({} if compile_mode == "default" else {"mode": compile_mode}))
         self.graphed = GraphedModel(model) if cuda_graph is True else None
         self.step_graph = GraphedStep() if cuda_graph == "step" else None
         self.gradient_clip_val = None  # cuda_graph=step: clipped inside the graph (train/run.py moves it here)
