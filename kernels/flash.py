@@ -1146,15 +1146,17 @@ def _is_sm90(device_index: int) -> bool:
 def _ws_layout_problem(t: torch.Tensor, varlen: bool) -> str | None:
     """Why `_fwd_ws` cannot read t through its 2-D TMA view (rows: (batch, token) or packed tokens; columns:
     head x head dim), or None. TMA needs a 16-byte aligned base and row stride and a contiguous last dim."""
-    nheads, headdim = t.shape[-2], t.shape[-1]
-    row = t.stride(0 if varlen else 1)
-    if t.stride(-1) != 1 or (nheads > 1 and t.stride(-2) != headdim):
+    shape, stride = t.shape, t.stride()  # one call into C++ each: a backward checks six tensors
+    nheads, headdim = shape[-2], shape[-1]
+    row = stride[0 if varlen else 1]
+    if stride[-1] != 1 or (nheads > 1 and stride[-2] != headdim):
         return "heads not side by side in memory"
-    if not varlen and t.shape[0] > 1 and t.stride(0) != t.shape[1] * row:
+    if not varlen and shape[0] > 1 and stride[0] != shape[1] * row:
         return "batches not side by side in memory"
     if t.data_ptr() % 16 or row * t.element_size() % 16 or row < nheads * headdim:
         return "base or row stride not 16-byte aligned"
-    if t.numel() == 0 or t.numel() // (nheads * headdim) >= 2**31:
+    numel = t.numel()
+    if numel == 0 or numel // (nheads * headdim) >= 2**31:
         return "no rows, or more than 2^31"
     return None
 
