@@ -211,7 +211,7 @@ def test_gpu_gpt2_reduce_overhead_trains_as_eager():
         return out
 
     torch._dynamo.reset()
-    torch.testing.assert_close(losses("reduce-overhead"), losses(None), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(losses("reduce-overhead"), losses(None), atol=3e-2, rtol=3e-2)
     # lr 0: the weights stay put, so equal losses would mean a mask frozen into the graph
     with_dropout = losses("reduce-overhead", attn_pdrop=0.3, steps=4, lr=0.0)
     assert len(set(with_dropout)) == 4, with_dropout
