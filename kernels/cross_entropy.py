@@ -13,9 +13,9 @@ its backward and the gradient's copy back (results/training/vocab_padding/profil
 Memory falls with it: one chunk of compute-dtype logits lives at a time, instead of the logits in two dtypes
 and their gradient.
 
-Layout of this module: @triton.jit row kernel -> checked host function (chunks, matmuls) -> PyTorch custom operator
-`flashattn::linear_cross_entropy` (fake implementation and autograd registered, so torch.compile traces through it)
--> public `linear_cross_entropy`; `linear_cross_entropy_reference` beside it is the plain PyTorch loss.
+Layout of this module: @triton.jit row kernel -> checked host function (chunks, matmuls) -> operator
+`flashattn::linear_cross_entropy` (kernels/ops.py; fake implementation) and the autograd Function that calls it under
+torch.compile -> public `linear_cross_entropy`; `linear_cross_entropy_reference` beside it is the plain PyTorch loss.
 
 On CUDA the row step is the kernel; on the CPU it runs as PyTorch operations (the same arithmetic in float32), and
 as the kernel under TRITON_INTERPRET=1 only when KERNEL_ON_CPU is set (the tests set it: the interpreter takes
@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from kernels import ops
 
 from kernels.launch import _interpreting
 
@@ -136,14 +138,6 @@ def _forward(hidden, weight, targets, vocab_size, ignore_index, compute_dtype, n
     return losses.sum() * inv_count[0], dh.reshape(hidden.shape) if need_grad else dh, dw
 
 
-@torch.library.custom_op("flashattn::linear_cross_entropy", mutates_args=())
-def _lce_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int, ignore_index: int,
-            compute_dtype: torch.dtype, need_grad: bool, chunk_elements: int
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward(hidden, weight, targets, vocab_size, ignore_index, compute_dtype, need_grad, chunk_elements)
-
-
-@_lce_op.register_fake
 def _lce_fake(hidden, weight, targets, vocab_size, ignore_index, compute_dtype, need_grad, chunk_elements):
     loss = hidden.new_empty((), dtype=torch.float32)
     if not need_grad:
@@ -152,23 +146,33 @@ def _lce_fake(hidden, weight, targets, vocab_size, ignore_index, compute_dtype, 
             weight.new_empty(weight.shape, dtype=torch.float32))
 
 
-def _lce_setup_context(ctx, inputs, output):
-    hidden, weight = inputs[0], inputs[1]
-    _, dh, dw = output
-    ctx.save_for_backward(dh, dw)
-    ctx.dtypes = (hidden.dtype, weight.dtype)
-    ctx.need_grad = inputs[6]
+_lce_op = ops.define("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor targets, SymInt vocab_size, "
+                     "SymInt ignore_index, ScalarType compute_dtype, bool need_grad, SymInt chunk_elements) "
+                     "-> (Tensor, Tensor, Tensor)", _forward, _lce_fake)
 
 
-def _lce_backward(ctx, grad_loss, _grad_dh, _grad_dw):
-    if not ctx.need_grad:
-        raise RuntimeError("linear_cross_entropy ran without gradients (need_grad=False); it cannot be differentiated")
-    dh, dw = ctx.saved_tensors
-    return ((dh * grad_loss).to(ctx.dtypes[0]), (dw * grad_loss).to(ctx.dtypes[1]), None, None, None, None, None,
-            None)
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The loss: `_forward` in eager mode, the operator under torch.compile (kernels/ops.py). The gradients are made
+    in the forward, so the backward only scales them."""
 
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, vocab_size, ignore_index, compute_dtype, need_grad, chunk_elements):
+        forward = _lce_op if torch.compiler.is_compiling() else _forward
+        loss, dh, dw = forward(hidden, weight, targets, vocab_size, ignore_index, compute_dtype, need_grad,
+                               chunk_elements)
+        ctx.save_for_backward(dh, dw)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.need_grad = need_grad
+        return loss
 
-_lce_op.register_autograd(_lce_backward, setup_context=_lce_setup_context)
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if not ctx.need_grad:
+            raise RuntimeError("linear_cross_entropy ran without gradients (need_grad=False); it cannot be "
+                               "differentiated")
+        dh, dw = ctx.saved_tensors
+        return ((dh * grad_loss).to(ctx.dtypes[0]), (dw * grad_loss).to(ctx.dtypes[1]), None, None, None, None, None,
+                None)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -189,9 +193,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         compute_dtype = torch.promote_types(hidden.dtype, weight.dtype)
     _check(hidden, weight, targets, vocab_size, compute_dtype)
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    loss, _, _ = _lce_op(hidden, weight, targets, vocab_size, ignore_index, compute_dtype, need_grad,
-                         int(chunk_elements))
-    return loss
+    return _LinearCrossEntropy.apply(hidden, weight, targets, vocab_size, ignore_index, compute_dtype, need_grad,
+                                     int(chunk_elements))
 
 
 def linear_cross_entropy_reference(hidden, weight, targets, vocab_size=None, ignore_index=-100):
