@@ -211,7 +211,7 @@ def test_step_graph_loop_trains_as_eager(tmp_path, monkeypatch):
     same seed."""
     import train.cuda_graph as cg
     import train.task as task_module
-    from tests.test_train_run import metrics, run_inprocess, series
+    from tests.test_train_run import run_inprocess, series
 
     monkeypatch.setattr(cg, "_cuda_capture", _fake_capture)
     monkeypatch.setattr(task_module.Task, "cuda_graph_problems", lambda self: [])
@@ -241,6 +241,33 @@ def test_step_graph_loop_trains_as_eager(tmp_path, monkeypatch):
     lr_e = ck_e["optimizer_states"][0]["param_groups"][0]["lr"]
     lr_g = ck_g["optimizer_states"][0]["param_groups"][0]["lr"]
     assert float(lr_g) == pytest.approx(float(lr_e))
+
+
+def test_step_graph_takes_the_lm_tasks_tensor_batches(tmp_path, monkeypatch):
+    """GPT-2's LM task hands the step one tensor of token windows, not a dict: with a stand-in replay (CPU), the
+    step-graph run logs the eager run's losses and ends at its weights."""
+    import train.cuda_graph as cg
+    import train.task as task_module
+    from tests.test_train_run import metrics, run_inprocess, series
+
+    monkeypatch.setattr(cg, "_cuda_capture", _fake_capture)
+    monkeypatch.setattr(task_module.Task, "cuda_graph_problems", lambda self: [])
+    monkeypatch.setattr(task_module, "make_capturable", lambda opt, device: None)
+    common = ["model=gpt2", "debug=smoke", "trainer.max_steps=6", "trainer.log_every_n_steps=1", "eval_every_steps=6"]
+    runs = {}
+    for mode in ("false", "step"):
+        out = tmp_path / mode
+        run_inprocess(common + [f"cuda_graph={mode}"], out)
+        rows = []
+        for f in sorted(out.glob("metrics*.csv")):
+            rows += metrics_rows(f)
+        runs[mode] = (series(rows, "train/loss"), torch.load(out / "checkpoints" / "last.ckpt", weights_only=False))
+    (loss_e, ck_e), (loss_g, ck_g) = runs["false"], runs["step"]
+    assert len(loss_g) == len(loss_e) == 6
+    for step in loss_e:
+        assert loss_g[step] == pytest.approx(loss_e[step], rel=1e-5, abs=1e-6), step
+    for name, w in ck_e["state_dict"].items():
+        torch.testing.assert_close(ck_g["state_dict"][name], w, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_step_graph_refuses_gradient_accumulation(tmp_path, monkeypatch):

@@ -175,8 +175,10 @@ class GraphedStep:
         self.static_batch: dict | None = None
         self.static_out = None
 
-    def __call__(self, body, batch: dict):
-        signature = _signature((), batch)
+    def __call__(self, body, batch: dict | torch.Tensor):
+        """batch: a dict of tensors, or one tensor (the LM task's token windows)."""
+        named = batch if isinstance(batch, dict) else {"batch": batch}
+        signature = _signature((), named)
         if self.signature is None:
             self.signature = signature
         elif signature != self.signature:
@@ -187,10 +189,11 @@ class GraphedStep:
             return body(batch)
         if self.graph is None:
             # Copies: the graph's own input buffers, which every later step writes into.
-            self.static_batch = {k: v.clone() for k, v in batch.items()}
-            self.graph, self.static_out = _cuda_capture(body, self.static_batch)
+            self.static_batch = {k: v.clone() for k, v in named.items()}
+            static = self.static_batch if isinstance(batch, dict) else self.static_batch["batch"]
+            self.graph, self.static_out = _cuda_capture(body, static)
         else:
-            for k, v in batch.items():
+            for k, v in named.items():
                 self.static_batch[k].copy_(v, non_blocking=True)
         self.graph.replay()
         return self.static_out
