@@ -9,7 +9,7 @@ set -e
 pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null && export PYTHONPATH=/tmp/site
 export WANDB_MODE=offline HF_DATASETS_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-FLASH_AUTOTUNE=0 python -m pytest -q -m gpu tests/test_compile.py -k "reduce_overhead or inductor" 2>&1 | tail -2
+FLASH_AUTOTUNE=0 python -m pytest -q -m gpu tests/test_compile.py tests/test_cuda_graph.py -k "reduce_overhead or inductor or step_graph" 2>&1 | tail -2
 date -u +%H:%M:%S
 python scripts/bench_training.py --rows \
   ours-sdpa-compile,ours-flash-compile,ours-sdpa-compile-graphs,ours-flash-compile-graphs,ours-sdpa-step-graph,ours-flash-step-graph,ours-sdpa-compile-graphs,ours-flash-compile-graphs \
