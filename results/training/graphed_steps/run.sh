@@ -1,17 +1,29 @@
-# GPT-2 small with the host taken out of the step (prepared in session 43, not yet run). One H100 call, ~8 minutes;
-# carry .whl and data/cache/embedded. Rows alternate sdpa / flash within each mode:
+# GPT-2 small with the host taken out of the step (prepared in session 43, not yet run). One H100, carry .whl and
+# data/cache/embedded; two calls, each under 10 minutes:
+#   bash results/training/graphed_steps/run.sh tests   # the GPU tests of both graph paths (~4 min)
+#   bash results/training/graphed_steps/run.sh rows    # one throwaway row, then six rows (~8-9 min)
+# Rows alternate sdpa / flash within each mode:
 #   compile:        compile=true (the baseline: every kernel launched from the host);
 #   compile-graphs: compile=true compile_mode=reduce-overhead (inductor replays the compiled forward and backward
 #                   as CUDA graphs; the optimizer stays eager);
 #   step-graph:     cuda_graph=step (the eager model, loss, backward and fused AdamW captured as one graph).
-# First the GPU tests of the two graph paths, so a failing capture shows as a test before it shows as a row.
+# The throwaway row: in session 43 the first row of each call ran 3-7% below the rest, whatever it ran
+# (../compile_ops/README.md).
 set -e
 pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null && export PYTHONPATH=/tmp/site
 export WANDB_MODE=offline HF_DATASETS_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-FLASH_AUTOTUNE=0 python -m pytest -q -m gpu tests/test_compile.py tests/test_cuda_graph.py -k "reduce_overhead or inductor or step_graph" 2>&1 | tail -2
 date -u +%H:%M:%S
-python scripts/bench_training.py --rows \
-  ours-sdpa-compile,ours-flash-compile,ours-sdpa-compile-graphs,ours-flash-compile-graphs,ours-sdpa-step-graph,ours-flash-step-graph,ours-sdpa-compile-graphs,ours-flash-compile-graphs \
-  --steps 60 --warmup 10 --row-timeout 150 --out "$OUT/graphed" 2>&1 | grep -E "^\| ours|failed" || true
+case "$1" in
+  tests)
+    FLASH_AUTOTUNE=0 python -m pytest -q -m gpu tests/test_compile.py tests/test_cuda_graph.py \
+      -k "reduce_overhead or inductor or step_graph" 2>&1 | tail -4 ;;
+  rows)
+    python scripts/bench_training.py --rows ours-flash-compile --steps 10 --warmup 5 --row-timeout 150 \
+      --out /tmp/throwaway > /dev/null 2>&1 || true
+    python scripts/bench_training.py --rows \
+      ours-sdpa-compile,ours-flash-compile,ours-sdpa-compile-graphs,ours-flash-compile-graphs,ours-sdpa-step-graph,ours-flash-step-graph \
+      --steps 60 --warmup 10 --row-timeout 150 --out "$OUT/graphed" 2>&1 | grep -E "^\| ours|failed" || true ;;
+  *) echo "usage: bash results/training/graphed_steps/run.sh tests|rows"; exit 2 ;;
+esac
 date -u +%H:%M:%S
