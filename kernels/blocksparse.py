@@ -652,9 +652,8 @@ class _BlockSparse(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale, dropout_p, *tables):
-        forward = _bs_fwd_op if torch.compiler.is_compiling() else _bs_op_fwd
-        o, lse, seed = forward(q, k, v, list(tables), cu_q, cu_k, max_q, max_k, block_size, causal, softmax_scale,
-                               dropout_p)
+        o, lse, seed = _bs_fwd_op(q, k, v, list(tables), cu_q, cu_k, max_q, max_k, block_size, causal,
+                                  softmax_scale, dropout_p)
         ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k, *tables)
         ctx.args = (max_q, max_k, block_size, causal, softmax_scale, dropout_p)
         return o
@@ -662,8 +661,7 @@ class _BlockSparse(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, seed, cu_q, cu_k, *tables = ctx.saved_tensors
-        backward = _bs_bwd_op if torch.compiler.is_compiling() else _bs_op_bwd
-        dq, dk, dv = backward(do, q, k, v, o, lse, seed, list(tables), cu_q, cu_k, *ctx.args)
+        dq, dk, dv = _bs_bwd_op(do, q, k, v, o, lse, seed, list(tables), cu_q, cu_k, *ctx.args)
         return (dq, dk, dv) + (None,) * (8 + len(tables))
 
 
@@ -705,8 +703,7 @@ class _BlockSparseQKV(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, cu, max_s, block_size, causal, softmax_scale, dropout_p, *tables):
-        forward = _bs_fwd_qkv_op if torch.compiler.is_compiling() else _bs_forward_qkv
-        o, lse, seed = forward(qkv, list(tables), cu, max_s, block_size, causal, softmax_scale, dropout_p)
+        o, lse, seed = _bs_fwd_qkv_op(qkv, list(tables), cu, max_s, block_size, causal, softmax_scale, dropout_p)
         ctx.save_for_backward(qkv, o, lse, seed, cu, *tables)
         ctx.args = (max_s, block_size, causal, softmax_scale, dropout_p)
         return o
@@ -714,8 +711,7 @@ class _BlockSparseQKV(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         qkv, o, lse, seed, cu, *tables = ctx.saved_tensors
-        backward = _bs_bwd_qkv_op if torch.compiler.is_compiling() else _bs_backward_qkv
-        dqkv = backward(do, qkv, o, lse, seed, list(tables), cu, *ctx.args)
+        dqkv = _bs_bwd_qkv_op(do, qkv, o, lse, seed, list(tables), cu, *ctx.args)
         return (dqkv,) + (None,) * (6 + len(tables))
 
 

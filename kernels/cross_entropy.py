@@ -157,8 +157,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, vocab_size, ignore_index, compute_dtype, need_grad, chunk_elements):
-        forward = _lce_op if torch.compiler.is_compiling() else _forward
-        loss, dh, dw = forward(hidden, weight, targets, vocab_size, ignore_index, compute_dtype, need_grad,
+        loss, dh, dw = _lce_op(hidden, weight, targets, vocab_size, ignore_index, compute_dtype, need_grad,
                                chunk_elements)
         ctx.save_for_backward(dh, dw)
         ctx.dtypes = (hidden.dtype, weight.dtype)

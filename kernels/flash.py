@@ -1413,8 +1413,8 @@ def _fused_bwd(q, dropout_p: float, block_d: int) -> bool:
 
 # ---------------------------------------------------------------------------------------------------
 # The operators torch.compile sees (kernels/ops.py): opaque, with fake (shape-only) implementations, so compiled
-# models keep one graph and Dynamo never enters the launchers or the autotuner. The autograd Functions below launch
-# the kernels directly in eager mode and call the operators while Dynamo traces them.
+# models keep one graph and Dynamo never enters the launchers or the autotuner. The autograd Functions below call
+# them through `ops.define`'s callers: the launchers in eager mode, the operators while Dynamo traces.
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -1490,7 +1490,7 @@ class _Flash(torch.autograd.Function):
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p):
         if torch.compiler.is_compiling():
             o, lse, seed = _fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p)
-        else:
+        else:  # the launcher itself: without dropout, no zero seed to allocate (the operator's outputs may not alias)
             o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu_q is not None, cu_q, cu_k, max_q,
                                       max_k)
         ctx.save_for_backward(q, k, v, o, lse, seed, cu_q, cu_k)
@@ -1504,10 +1504,7 @@ class _Flash(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse, seed, cu_q, cu_k = ctx.saved_tensors
-        if torch.compiler.is_compiling():
-            dq, dk, dv = _bwd_op(do, q, k, v, o, lse, seed, cu_q, cu_k, *ctx.args)
-        else:
-            dq, dk, dv = _op_bwd(do, q, k, v, o, lse, seed, cu_q, cu_k, *ctx.args)
+        dq, dk, dv = _bwd_op(do, q, k, v, o, lse, seed, cu_q, cu_k, *ctx.args)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
@@ -1520,7 +1517,7 @@ class _FlashQKV(torch.autograd.Function):
     def forward(ctx, qkv, cu, max_s, softmax_scale, causal, dropout_p):
         if torch.compiler.is_compiling():
             o, lse, seed = _fwd_qkv_op(qkv, cu, max_s, softmax_scale, causal, dropout_p)
-        else:
+        else:  # as in _Flash
             q, k, v = qkv.unbind(dim=-3)
             o, lse, seed = _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, cu is not None, cu, cu, max_s, max_s)
         ctx.save_for_backward(qkv, o, lse, seed, cu)
@@ -1532,8 +1529,7 @@ class _FlashQKV(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         qkv, o, lse, seed, cu = ctx.saved_tensors
-        backward = _bwd_qkv_op if torch.compiler.is_compiling() else _bwd_packed
-        return backward(do, qkv, o, lse, seed, cu, *ctx.args), None, None, None, None, None
+        return _bwd_qkv_op(do, qkv, o, lse, seed, cu, *ctx.args), None, None, None, None, None
 
 
 def _softmax_scale(softmax_scale: float | None, headdim: int) -> float:

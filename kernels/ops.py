@@ -1,7 +1,7 @@
 """The flashattn:: operators that torch.compile sees in place of our launchers.
 
-Each kernel file defines its operators here with `define` and calls them from its own torch.autograd.Function,
-which launches the kernels directly in eager mode and calls the operators while Dynamo traces it. Dynamo turns the
+Each kernel file defines its operators here with `define` and calls them from its own torch.autograd.Function:
+in eager mode the call runs the launcher directly, while Dynamo traces it the call is the operator. Dynamo turns the
 Function's forward and backward into the compiled graph's two halves, so the operators themselves carry no autograd
 formula. Called by hand, they are not differentiable (PyTorch warns when a backward reaches one): differentiate
 through the public functions.
@@ -21,14 +21,20 @@ NAMESPACE = "flashattn"
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 
-def define(schema: str, impl, fake) -> torch._ops.OpOverload:
+def define(schema: str, impl, fake):
     """Define flashattn::<name> from its schema ("name(Tensor q, ...) -> Tensor"), running impl on every device and
-    fake (shapes and dtypes only) while torch.compile traces; return the operator."""
+    fake (shapes and dtypes only) while torch.compile traces. Returns the function the autograd Functions call: the
+    operator while torch.compile traces, impl itself otherwise (eager calls skip the dispatcher)."""
     name = schema.split("(", 1)[0]
     _LIBRARY.define(schema)
     _LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
-    return getattr(getattr(torch.ops, NAMESPACE), name).default
+    op = getattr(getattr(torch.ops, NAMESPACE), name).default
+
+    def call(*args):
+        return (op if torch.compiler.is_compiling() else impl)(*args)
+
+    return call
 
 
 def distinct(*args) -> tuple:

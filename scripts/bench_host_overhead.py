@@ -35,17 +35,19 @@ B, N, H, D = 1, 128, 4, 64
 
 
 def host_us(fn, calls: int = 300, repeats: int = 5) -> float:
-    """Median over repeats of the wall time per call of `calls` back-to-back calls (microseconds)."""
+    """Median over repeats of the wall time per call of `calls` back-to-back calls (microseconds); the device is
+    drained between repeats where there is a GPU (results/attention/host_python/ times Python alone, on the CPU)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         for _ in range(calls):
             fn()
         times.append((time.perf_counter() - t) / calls * 1e6)
-        torch.cuda.synchronize()
+        sync()
     return sorted(times)[len(times) // 2]
 
 

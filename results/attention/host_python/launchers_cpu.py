@@ -4,7 +4,8 @@ Every Triton / Gluon launch is replaced by a no-op (kernels.launch.launch), the 
 H100, and flash_gluon's dQ zero-fill becomes an empty allocation (on the GPU it is an asynchronous memset, here a CPU
 one). So what is timed is the Python between the launches: the Gluon path's checks, allocations and descriptors,
 against the @triton.jit path's. One head of 1,024 tokens (the Gluon backward takes dropout from 1K), head dim 64,
-causal, dropout 0.1; median of 7 rounds of 300 calls; then the Gluon path's cProfile.
+causal, dropout 0.1; median of 7 rounds of 300 calls (scripts/bench_host_overhead.py's host_us); then the Gluon
+path's cProfile.
 
     FLASH_AUTOTUNE=0 python results/attention/host_python/launchers_cpu.py
 """
@@ -12,13 +13,14 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
 import torch  # noqa: E402
 
 import kernels.flash as F  # noqa: E402
 import kernels.flash_gluon as G  # noqa: E402
+from bench_host_overhead import host_us  # noqa: E402
 
 launched = []
 
@@ -47,25 +49,13 @@ def backward(gluon: bool):
     return F._flash_bwd(do, q, k, v, o, lse, seed, 0.125, True, 0.1, False, None, None, n, n, gluon=gluon)
 
 
-def per_call_us(fn, rounds=7, calls=300) -> float:
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t) / calls * 1e6)
-    return sorted(times)[rounds // 2]
-
-
 def main():
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; Python time per call, launches stubbed")
     for label, gluon in (("Gluon backward", True), ("@triton.jit backward", False)):
         launched.clear()
         backward(gluon)
         names = ", ".join(launched)
-        print(f"{label:22s} {per_call_us(lambda: backward(gluon)):7.1f} us   launches: {names}")
+        print(f"{label:22s} {host_us(lambda: backward(gluon), repeats=7):7.1f} us   launches: {names}")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(500):
