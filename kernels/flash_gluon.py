@@ -850,7 +850,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                  kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
                  sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr, EARLY_KV: gl.constexpr = False):
+                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr):
     # one K/V buffer, key blocks one after another (`_bwd_kernel`)
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
@@ -887,41 +887,15 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                 mbarrier.arrive(dq_full.index(s))
                 g += 1
 
-            if EARLY_KV:
-                _bwd_dkdv_via_dq_ring(dk_desc, dv_desc, dq_smem, dq_empty, kv_empty, dk, dv, sm_scale, g,
-                                      row0 + start_n, col, BLOCK_N, HEAD_DIM, DQ_STAGES)
-            else:
-                # dK (times the softmax scale) and dV out by TMA through this key block's K and V buffers
-                k_buf.store((dk * sm_scale).to(k_buf.dtype))
-                v_buf.store(dv.to(v_buf.dtype))
-                fence_async_shared()
-                tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_buf)
-                tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_buf)
-                tma.store_wait(0)
-                mbarrier.arrive(kv_empty.index(0))
+            # dK (times the softmax scale) and dV out by TMA through this key block's K and V buffers
+            k_buf.store((dk * sm_scale).to(k_buf.dtype))
+            v_buf.store(dv.to(v_buf.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dk_desc, [row0 + start_n, col], k_buf)
+            tma.async_copy_shared_to_global(dv_desc, [row0 + start_n, col], v_buf)
+            tma.store_wait(0)
+            mbarrier.arrive(kv_empty.index(0))
             it += 1
-
-
-@gluon.jit
-def _bwd_dkdv_via_dq_ring(dk_desc, dv_desc, dq_smem, dq_empty, kv_empty, dk, dv, sm_scale, g, row, col,
-                          BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr):
-    """EARLY_KV (an experiment, results/attention/gluon_bwd_early_kv/): a key block's dK (times sm_scale) and dV out
-    by TMA through the float32 dQ ring, whose two slots hold exactly the two 16-bit tiles, so that the K/V buffer is
-    released before the stores: the loader's next K/V and Q/dO loads run beside them. The ring is this block's once
-    the dQ warp has released both slots (its next tiles wait on the same phases, so the count g does not move)."""
-    gl.static_assert(DQ_STAGES == 2, "the dQ ring's two slots stage dK and dV")
-    for k in gl.static_range(DQ_STAGES):
-        mbarrier.wait(dq_empty.index((g + k) % DQ_STAGES), (((g + k) // DQ_STAGES) & 1) ^ 1)
-    gl.thread_barrier()  # every warp's last wgmma, which read K and V, is done
-    mbarrier.arrive(kv_empty.index(0))
-    staging = dq_smem._reinterpret(dk_desc.dtype, [2, BLOCK_N, HEAD_DIM], dk_desc.layout)
-    staging.index(0).store((dk * sm_scale).to(dk_desc.dtype))
-    staging.index(1).store(dv.to(dk_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [row, col], staging.index(0))
-    tma.async_copy_shared_to_global(dv_desc, [row, col], staging.index(1))
-    tma.store_wait(0)
-    gl.thread_barrier()  # every warp's part of the stores has left the ring before its next dQ tile
 
 
 @gluon.jit
@@ -929,7 +903,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
                 qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
-                STATS_AT_USE: gl.constexpr = False, EARLY_KV: gl.constexpr = False):
+                STATS_AT_USE: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
     # SEED, drop_thresh, drop_scale: `_bwd_split_kernel`'s dropout, which this kernel does not take (the launcher
@@ -974,7 +948,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
                         delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                         head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL,
-                        WARPS, SPLIT, STATS_AT_USE, EARLY_KV)),
+                        WARPS, SPLIT, STATS_AT_USE)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
