@@ -1,7 +1,8 @@
 # GPT-2 small with the host taken out of the step (prepared in session 43, not yet run). One H100, carry .whl and
 # data/cache/embedded; two calls, each under 10 minutes:
 #   bash results/training/graphed_steps/run.sh tests   # the GPU tests of both graph paths (~4 min)
-#   bash results/training/graphed_steps/run.sh rows    # one throwaway row, then six rows (~8-9 min)
+#   bash results/training/graphed_steps/run.sh rows    # one throwaway row, then six rows (~5-6 min)
+#   bash results/training/graphed_steps/run.sh repeat  # the compile-graphs pair again, ABBA (~4 min)
 # Rows alternate sdpa / flash within each mode:
 #   compile:        compile=true (the baseline: every kernel launched from the host);
 #   compile-graphs: compile=true compile_mode=reduce-overhead (inductor replays the compiled forward and backward
@@ -24,6 +25,12 @@ case "$1" in
     python scripts/bench_training.py --rows \
       ours-sdpa-compile,ours-flash-compile,ours-sdpa-compile-graphs,ours-flash-compile-graphs,ours-sdpa-step-graph,ours-flash-step-graph \
       --steps 60 --warmup 10 --row-timeout 150 --out "$OUT/graphed" 2>&1 | grep -E "^\| ours|failed" || true ;;
-  *) echo "usage: bash results/training/graphed_steps/run.sh tests|rows"; exit 2 ;;
+  repeat)  # session 44: compile-graphs alone, sdpa / flash / flash / sdpa after the throwaway row (~4 minutes)
+    python scripts/bench_training.py --rows ours-flash-compile-graphs --steps 10 --warmup 5 --row-timeout 150 \
+      --out /tmp/throwaway > /dev/null 2>&1 || true
+    python scripts/bench_training.py --rows \
+      ours-sdpa-compile-graphs,ours-flash-compile-graphs,ours-flash-compile-graphs,ours-sdpa-compile-graphs \
+      --steps 60 --warmup 10 --row-timeout 150 --out "$OUT/repeat" 2>&1 | grep -E "^\| ours|failed" || true ;;
+  *) echo "usage: bash results/training/graphed_steps/run.sh tests|rows|repeat"; exit 2 ;;
 esac
 date -u +%H:%M:%S
