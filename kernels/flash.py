@@ -602,11 +602,13 @@ def _fwd_kernel(Q, K, V, O, LSE, SEED, cu_seqlens_q, cu_seqlens_k, seqlen_q, seq
 
 
 @triton.jit(do_not_specialize=["stride_db", "stride_dh"])
-def _bwd_preprocess_kernel(O, DO, DELTA, cu_seqlens_q, seqlen_q, nheads,
+def _bwd_preprocess_kernel(O, DO, DELTA, ZERO, cu_seqlens_q, seqlen_q, nheads,
                            stride_ob, stride_om, stride_oh, stride_dob, stride_dom, stride_doh,
-                           stride_db, stride_dh,
+                           stride_db, stride_dh, stride_zb, stride_zm, stride_zh,
                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                           VARLEN: tl.constexpr):
+                           VARLEN: tl.constexpr, ZERO_FILL: tl.constexpr = False):
+    # ZERO_FILL: also zero ZERO's rows of these queries (float32, q's layout): the Gluon backward's dQ buffer, which
+    # it adds into, filled here instead of by a separate memset launch
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // nheads
@@ -623,6 +625,11 @@ def _bwd_preprocess_kernel(O, DO, DELTA, cu_seqlens_q, seqlen_q, nheads,
                    offs_d, seqlen_q, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + b64 * stride_db + h * stride_dh + q_start + rows, delta, mask=rows < seqlen_q)
+    if ZERO_FILL:
+        z_ptrs = (ZERO + b64 * stride_zb + h * stride_zh + q_start.to(tl.int64) * stride_zm
+                  + rows[:, None].to(tl.int64) * stride_zm + offs_d[None, :])
+        tl.store(z_ptrs, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
+                 mask=(rows[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit(do_not_specialize=_PER_BATCH_INTS)
@@ -1056,14 +1063,19 @@ def dropout_keep_mask(seed: torch.Tensor, batch: int, nheads: int, seqlen_q: int
 
 
 def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_seqlens_q=None,
-                   max_seqlen_q: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                   max_seqlen_q: int | None = None, out: torch.Tensor | None = None,
+                   zero: torch.Tensor | None = None) -> torch.Tensor:
     """delta = rowsum(dO * O) in float32: (batch, nheads, seqlen_q), or (nheads, total_q) for varlen; into `out`
-    (contiguous, that shape) when given.
+    (contiguous, that shape) when given. zero: a float32 tensor of o's shape, unit last stride, set to 0 in the same
+    launch (the Gluon backward's dQ buffer).
 
     SHARED with kernels/blocksparse.py: keep the signature stable. o and do share the layout of q.
     """
     nheads, headdim = o.shape[-2], o.shape[-1]
     delta = torch.empty(lse_shape(o, varlen), dtype=torch.float32, device=o.device) if out is None else out
+    if zero is not None and (zero.shape != o.shape or zero.dtype != torch.float32 or zero.stride(-1) != 1):
+        raise ValueError(f"bwd_preprocess: zero must be float32 of o's shape {tuple(o.shape)} with unit last stride, "
+                         f"got {zero.dtype} {tuple(zero.shape)} strides {zero.stride()}")
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         total = o.shape[0]
@@ -1073,9 +1085,12 @@ def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_s
         sdb, sdh = delta.stride(0), delta.stride(1)
     block_m = 16 if _interpreting() else 64
     grid = (cdiv(seqlen, block_m), batch * nheads)
-    launch(_bwd_preprocess_kernel, grid, (o, do, delta, cu_seqlens_q if varlen else o, seqlen, nheads,
-                                          *_strides(o, varlen), *_strides(do, varlen), sdb, sdh),
-           dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen))
+    zero_arg = o if zero is None else zero  # any pointer when unused
+    launch(_bwd_preprocess_kernel, grid, (o, do, delta, zero_arg, cu_seqlens_q if varlen else o, seqlen, nheads,
+                                          *_strides(o, varlen), *_strides(do, varlen), sdb, sdh,
+                                          *_strides(zero_arg, varlen)),
+           dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen,
+                ZERO_FILL=zero is not None))
     return delta
 
 
@@ -1348,12 +1363,16 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     use_gluon = gluon and _gluon_bwd_unsupported(q, k, v, do, lse, delta, (dq, dk, dv), causal, dropout_p,
                                                  varlen) is None
     fused = not use_gluon and _fused_bwd(q, dropout_p, _block_d(headdim))
+    # the Gluon backward adds dQ into a float32 buffer that must start at 0: zeroed by the delta launch when there
+    # is one (one GPU operation fewer), else by the Gluon launcher
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if use_gluon and compute_delta else None
     if compute_delta and (use_gluon or fused):
-        bwd_preprocess(o, do, varlen, cu_q, max_q, out=delta)
+        bwd_preprocess(o, do, varlen, cu_q, max_q, out=delta, zero=dq_accum)
     if use_gluon:
         from kernels.flash_gluon import gluon_backward
 
-        gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, dropout_p=dropout_p, seed=seed)
+        gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, dropout_p=dropout_p, seed=seed,
+                       dq_accum=dq_accum)
         return dq, dk, dv
     thresh, drop_scale = _drop_consts(dropout_p)
     cu_q_arg = cu_q if varlen else lse

@@ -1176,20 +1176,29 @@ def bwd_unsupported(q, k, causal: bool, dropout_p: float, varlen: bool) -> str |
 
 
 def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool,
-                   programs: int | None = None, dropout_p: float = 0.0, seed: torch.Tensor | None = None) -> None:
+                   programs: int | None = None, dropout_p: float = 0.0, seed: torch.Tensor | None = None,
+                   dq_accum: torch.Tensor | None = None) -> None:
     """Fill dq, dk, dv (q's shape and dtype; any row stride TMA can write, e.g. views of one packed dqkv) with the
     gradients of softmax_scale-scaled attention of q, k, v at do; lse: the forward's base-2 log-sum-exp and delta =
     rowsum(dO * O), both (batch, nheads, seqlen) contiguous float32. The caller has checked `bwd_unsupported`, the
     TMA layout of q, k, v, do, dk, dv (kernels.flash._ws_layout_problem). programs: at most this many programs
     (tests: each then runs many key blocks), else one a SM at BWD_SPLIT_HEAD_DIMS, one a key block elsewhere.
-    dropout_p > 0 (BWD_SPLIT_HEAD_DIMS only): the forward's dropout, the mask of `seed`."""
+    dropout_p > 0 (BWD_SPLIT_HEAD_DIMS only): the forward's dropout, the mask of `seed`. dq_accum: the float32 buffer
+    the kernel adds dQ into, q's shape, contiguous and already zeroed (kernels.flash.bwd_preprocess zeroes it in its
+    launch); else a zeroed one is allocated here."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
     if dropout_p > 0 and head_dim not in BWD_SPLIT_HEAD_DIMS:
         raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS}")
     seed_arg, thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed, lse)
-    dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
+    if dq_accum is None:
+        dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
+    elif dq_accum.dtype != torch.float32 or dq_accum.shape != q.shape or not dq_accum.is_contiguous():
+        raise ValueError(f"gluon_backward: dq_accum must be contiguous float32 of q's shape {tuple(q.shape)}, got "
+                         f"{dq_accum.dtype} {tuple(dq_accum.shape)} strides {dq_accum.stride()}")
+    else:
+        dqa = dq_accum
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
     split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
     grid = _grid(seqlen // block_n, batch * nheads, causal and split, split, programs, q.device)

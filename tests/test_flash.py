@@ -590,6 +590,32 @@ def test_scale_cast_equals_torch_mul(packed, device):
     assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_bwd_preprocess_zeroes_the_dq_buffer_in_its_launch(varlen, device):
+    """bwd_preprocess(..., zero=buf): the same delta as without, and buf (NaN before) exactly 0 everywhere, at a head
+    dim the column block pads (40 of 64) and row counts the row block does not divide; a buffer of another dtype or
+    shape is refused."""
+    h, d = 3, 40
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16
+    if varlen:
+        lengths = [37, 5, 20]
+        cu = torch.tensor([0, 37, 42, 62], dtype=torch.int32, device=device)
+        shape, args = (sum(lengths), h, d), (True, cu, max(lengths))
+    else:
+        shape, args = (2, 37, h, d), ()
+    o = torch.randn(shape, device=device).to(dtype)
+    do = torch.randn(shape, device=device).to(dtype)
+    want = fl.bwd_preprocess(o, do, *args)
+    buf = torch.full(shape, float("nan"), device=device)
+    got = fl.bwd_preprocess(o, do, *args, zero=buf)
+    assert torch.equal(got, want)
+    assert torch.equal(buf, torch.zeros_like(buf))
+    with pytest.raises(ValueError, match="float32 of o's shape"):
+        fl.bwd_preprocess(o, do, *args, zero=buf.half())
+    with pytest.raises(ValueError, match="float32 of o's shape"):
+        fl.bwd_preprocess(o, do, *args, zero=buf[:-1])
+
+
 def test_scale_cast_refuses_layouts_it_cannot_write(device):
     src = torch.randn(2, 8, 3, 64, device=device)
     with pytest.raises(ValueError, match="heads and rows dense"):

@@ -250,13 +250,19 @@ def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkey
 
     calls = []
 
-    def fake(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, dropout_p, seed):
+    def fake(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, dropout_p, seed, dq_accum):
+        # the float32 dQ buffer comes zeroed by the delta launch (the fake below), not allocated by the backward
+        assert dq_accum.dtype == torch.float32 and dq_accum.shape == q.shape and (dq_accum == 0).all()
         calls.append((softmax_scale, causal, delta.shape, dq.stride(1)))
         for i, g in enumerate((dq, dk, dv)):
             g.fill_(i + 1)
 
+    def fake_preprocess(o, do, *a, out=None, zero=None):  # _flash_bwd passes its buffers
+        zero.zero_()
+        return out.zero_()
+
     monkeypatch.setattr(flash_gluon, "gluon_backward", fake)
-    monkeypatch.setattr(F, "bwd_preprocess", lambda o, do, *a, out=None: out.zero_())  # _flash_bwd passes its buffer
+    monkeypatch.setattr(F, "bwd_preprocess", fake_preprocess)
     q, k, v = _qkv(2, 256, 256, 4, 4, 128, torch.float16)
     lse = torch.zeros(2, 4, 256)
     grads = F._flash_bwd(torch.randn_like(q), q, k, v, q, lse, lse, 0.125, True, 0.0, False, None, None, 256, 256)
