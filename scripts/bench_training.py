@@ -12,9 +12,10 @@ optimizer steps untimed, then `--steps` timed with a device sync at both ends.
 Rows: hf-eager / hf-sdpa (transformers' own training step: attn_implementation "eager" / "sdpa"),
 ours-standard / ours-sdpa / ours-sdpa-compile / ours-flash / ours-flash-compile (the real `train/run.py` path: the
 composed Hydra config, LMTask and LMDataModule driven by lightning.Trainer, with the checkpoint,
-logger and progress-bar extras off so that only the training loop is timed). On request only:
-ours-{sdpa,flash}-compile-graphs (compile=true compile_mode=reduce-overhead) and ours-{sdpa,flash}-step-graph
-(cuda_graph=step), the two ways to take the host's launch time out of a step.
+logger and progress-bar extras off so that only the training loop is timed), and ours-{sdpa,flash}-compile-graphs
+(compile=true compile_mode=reduce-overhead: the compiled graphs replayed as CUDA graphs, GPT-2's fastest setting,
+results/training/graphed_steps/). On request only: ours-{sdpa,flash}-step-graph (cuda_graph=step: the eager step
+with its optimizer captured as one graph).
 Writes bench_training.json and bench_training.md (GPU, versions, date, command) to --out; relative
 paths (--out, --data-dir, --workdir) count from the repo root.
 """
@@ -31,12 +32,13 @@ repo_root()
 
 OURS = {"ours-standard": ("standard", False), "ours-sdpa": ("sdpa", False),
         "ours-sdpa-compile": ("sdpa", True), "ours-flash": ("flash", False), "ours-flash-compile": ("flash", True)}
-# Rows that take the host out of the step, run only when asked for: the compiled model replayed as CUDA graphs
-# (torch.compile's reduce-overhead), and the eager step with its optimizer captured as one graph (cuda_graph=step).
+# Rows that take the host out of the step: the compiled model replayed as CUDA graphs (torch.compile's
+# reduce-overhead; in the default rows), and the eager step with its optimizer captured as one graph (cuda_graph=step;
+# on request: slower than compiled, results/training/graphed_steps/).
 GRAPHED = {f"ours-{attn}-{suffix}": (attn, compile_, extra) for attn in ("sdpa", "flash")
            for suffix, compile_, extra in (("compile-graphs", True, "compile_mode=reduce-overhead"),
                                            ("step-graph", False, "cuda_graph=step"))}
-ROWS = ["hf-eager", "hf-sdpa", *OURS]
+ROWS = ["hf-eager", "hf-sdpa", *OURS, "ours-sdpa-compile-graphs", "ours-flash-compile-graphs"]
 
 
 def _windows(data_dir: str, seq_len: int, n: int, seed: int):
