@@ -218,6 +218,29 @@ def test_gpu_gpt2_reduce_overhead_trains_as_eager():
     assert with_dropout[0] != losses("reduce-overhead", steps=1, lr=0.0)[0]
 
 
+@pytest.mark.gpu
+def test_gpu_gpt2_run_with_reduce_overhead_logs_what_plain_compile_logs(tmp_path):
+    """The real runner with compile=true compile_mode=reduce-overhead: Lightning logs every step's loss and the
+    validation loss while each replay overwrites the CUDA graphs' outputs. Without dropout, every logged loss equals
+    plain compile's to bf16 rounding; a stale output read late would log a repeated or wrong value."""
+    from tests.test_train_run import metrics, run_inprocess, series
+
+    common = ["model=gpt2", "debug=smoke", "attn=flash", "compile=true", "model.embd_pdrop=0", "model.attn_pdrop=0",
+              "model.resid_pdrop=0", "trainer.max_steps=8", "trainer.log_every_n_steps=1", "eval_every_steps=4"]
+    logged = {}
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        run_inprocess(common + [f"compile_mode={mode}"], tmp_path / mode)
+        rows = metrics(tmp_path / mode)
+        logged[mode] = (series(rows, "train/loss"), series(rows, "val/loss"))
+    (train_plain, val_plain), (train_graphs, val_graphs) = logged["default"], logged["reduce-overhead"]
+    assert len(train_plain) == 8 and len(set(train_graphs.values())) == 8, train_graphs
+    assert sorted(val_graphs) == sorted(val_plain) and len(val_plain) == 2
+    for got, want in ((train_graphs, train_plain), (val_graphs, val_plain)):
+        for step, value in want.items():
+            assert got[step] == pytest.approx(value, rel=2e-2, abs=2e-2), step
+
+
 def test_gpt2_with_blocksparse_compiles_to_one_graph(device):
     import functools
 
