@@ -626,8 +626,8 @@ def _bwd_preprocess_kernel(O, DO, DELTA, ZERO, cu_seqlens_q, seqlen_q, nheads,
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + b64 * stride_db + h * stride_dh + q_start + rows, delta, mask=rows < seqlen_q)
     if ZERO_FILL:
-        z_ptrs = (ZERO + b64 * stride_zb + h * stride_zh + q_start.to(tl.int64) * stride_zm
-                  + rows[:, None].to(tl.int64) * stride_zm + offs_d[None, :])
+        z_ptrs = (ZERO + b64 * stride_zb + h * stride_zh + (q_start + rows)[:, None].to(tl.int64) * stride_zm
+                  + offs_d[None, :])
         tl.store(z_ptrs, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
                  mask=(rows[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
 
@@ -1085,10 +1085,10 @@ def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_s
         sdb, sdh = delta.stride(0), delta.stride(1)
     block_m = 16 if _interpreting() else 64
     grid = (cdiv(seqlen, block_m), batch * nheads)
-    zero_arg = o if zero is None else zero  # any pointer when unused
+    o_strides = _strides(o, varlen)
+    zero_arg, zero_strides = (o, o_strides) if zero is None else (zero, _strides(zero, varlen))  # o: unused then
     launch(_bwd_preprocess_kernel, grid, (o, do, delta, zero_arg, cu_seqlens_q if varlen else o, seqlen, nheads,
-                                          *_strides(o, varlen), *_strides(do, varlen), sdb, sdh,
-                                          *_strides(zero_arg, varlen)),
+                                          *o_strides, *_strides(do, varlen), sdb, sdh, *zero_strides),
            dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen,
                 ZERO_FILL=zero is not None))
     return delta

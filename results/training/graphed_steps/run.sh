@@ -15,22 +15,21 @@ pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2
 export WANDB_MODE=offline HF_DATASETS_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 date -u +%H:%M:%S
+# rows ROW_LIST OUT_NAME: one throwaway row of the list's second row, then the list timed
+rows() {
+  python scripts/bench_training.py --rows "$(echo "$1" | cut -d, -f2)" --steps 10 --warmup 5 --row-timeout 150 \
+    --out /tmp/throwaway > /dev/null 2>&1 || true
+  python scripts/bench_training.py --rows "$1" --steps 60 --warmup 10 --row-timeout 150 --out "$OUT/$2" 2>&1 \
+    | grep -E "^\| ours|failed" || true
+}
 case "$1" in
   tests)
     FLASH_AUTOTUNE=0 python -m pytest -q -m gpu tests/test_compile.py tests/test_cuda_graph.py \
       -k "reduce_overhead or inductor or step_graph" 2>&1 | tail -4 ;;
   rows)
-    python scripts/bench_training.py --rows ours-flash-compile --steps 10 --warmup 5 --row-timeout 150 \
-      --out /tmp/throwaway > /dev/null 2>&1 || true
-    python scripts/bench_training.py --rows \
-      ours-sdpa-compile,ours-flash-compile,ours-sdpa-compile-graphs,ours-flash-compile-graphs,ours-sdpa-step-graph,ours-flash-step-graph \
-      --steps 60 --warmup 10 --row-timeout 150 --out "$OUT/graphed" 2>&1 | grep -E "^\| ours|failed" || true ;;
+    rows ours-sdpa-compile,ours-flash-compile,ours-sdpa-compile-graphs,ours-flash-compile-graphs,ours-sdpa-step-graph,ours-flash-step-graph graphed ;;
   repeat)  # session 44: compile-graphs alone, sdpa / flash / flash / sdpa after the throwaway row (~4 minutes)
-    python scripts/bench_training.py --rows ours-flash-compile-graphs --steps 10 --warmup 5 --row-timeout 150 \
-      --out /tmp/throwaway > /dev/null 2>&1 || true
-    python scripts/bench_training.py --rows \
-      ours-sdpa-compile-graphs,ours-flash-compile-graphs,ours-flash-compile-graphs,ours-sdpa-compile-graphs \
-      --steps 60 --warmup 10 --row-timeout 150 --out "$OUT/repeat" 2>&1 | grep -E "^\| ours|failed" || true ;;
+    rows ours-sdpa-compile-graphs,ours-flash-compile-graphs,ours-flash-compile-graphs,ours-sdpa-compile-graphs repeat ;;
   *) echo "usage: bash results/training/graphed_steps/run.sh tests|rows|repeat"; exit 2 ;;
 esac
 date -u +%H:%M:%S
