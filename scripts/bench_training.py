@@ -167,7 +167,12 @@ def main():
                "--data-dir", args.data_dir, "--data-source", args.data_source, "--workdir", args.workdir,
                "--profile", str(args.profile)]
         rows.append(run_row(cmd, name, args.row_timeout))
+        # Written after every row: a run cut short (a device call's time limit) keeps the rows it finished.
+        md = write_tables(args, env, rows)
+    print("\n".join(md))
 
+
+def write_tables(args, env, rows):
     out = repo_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_training.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
@@ -189,7 +194,7 @@ def main():
                   f"{r['peak_mem_gib']:.1f} | {r['loss']:.3f} |")
     md += profile_markdown(rows)
     (out / "bench_training.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    return md
 
 
 if __name__ == "__main__":
