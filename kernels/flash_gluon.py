@@ -107,10 +107,18 @@ FWD_MASK_REL = {(64, True)}
 FWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 4096}
 
 
+# (head dim, causal) whose K slots are released once both consumers' S is done with them (`_consumer`'s K_AHEAD), so
+# the loader refills them a round earlier. ncu of head dim 256's forward at 4K (results/attention/hd256_profile/)
+# put ~24% of the consumers' stall samples on the wait for K to arrive: with STAGES = 2 and K released after the
+# round's P V, K(j) could only be loaded at the end of round j - 1. To be decided by results/attention/gluon_fwd_k_ahead/.
+FWD_K_AHEAD: set = set()
+
+
 def fwd_forms(head_dim: int, causal: bool) -> dict:
-    """The forward kernel's form constexprs at (head dim, causal), from the four sets above."""
+    """The forward kernel's form constexprs at (head dim, causal), from the five sets above."""
     return dict(EXP_TURNS=(head_dim, causal) in FWD_EXP_TURNS, KEYS_DOWN=(head_dim, causal) in FWD_KEYS_DOWN,
-                NAMED_TURNS=(head_dim, causal) in FWD_NAMED_TURNS, MASK_REL=(head_dim, causal) in FWD_MASK_REL)
+                NAMED_TURNS=(head_dim, causal) in FWD_NAMED_TURNS, MASK_REL=(head_dim, causal) in FWD_MASK_REL,
+                K_AHEAD=(head_dim, causal) in FWD_K_AHEAD)
 
 
 def fwd_persistent(head_dim: int, seqlen: int, causal: bool) -> bool:
@@ -296,12 +304,13 @@ def _fwd_item(bh, pid_m, nheads, group, seqlen, BLOCK_M: gl.constexpr, BLOCK_N: 
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m, n_bh,
-            nheads, group, seqlen, head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-            STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-            KEYS_DOWN: gl.constexpr = False):
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, k_empty,
+            n_m, n_bh, nheads, group, seqlen, head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+            PAIRED: gl.constexpr, KEYS_DOWN: gl.constexpr = False, K_AHEAD: gl.constexpr = False):
     """Per item: Q's two halves into Q buffer it % Q_BUFFERS once its last item's O has left it, then the item's
-    K and V tiles into the ring, which runs on from item to item."""
+    K and V tiles into the ring, which runs on from item to item. K_AHEAD (`_consumer`): a K slot waits on k_empty
+    (both consumers' S done with it), a V slot on kv_empty, and K(j) is loaded before V(j - 1)."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
     Q_BYTES: gl.constexpr = SUB_M * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
@@ -322,25 +331,45 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
             for j in range(n_tiles):
                 slot = g % STAGES
                 kt = n_tiles - 1 - j if KEYS_DOWN else j  # the key tile this round reads
-                mbarrier.wait(kv_empty.index(slot), ((g // STAGES) & 1) ^ 1)
-                mbarrier.expect(k_ready.index(slot), KV_BYTES)
-                tma.async_copy_global_to_shared(k_desc, [kv_row0 + kt * BLOCK_N, kv_col], k_ready.index(slot),
-                                                k_smem.index(slot))
-                mbarrier.expect(v_ready.index(slot), KV_BYTES)
-                tma.async_copy_global_to_shared(v_desc, [kv_row0 + kt * BLOCK_N, kv_col], v_ready.index(slot),
-                                                v_smem.index(slot))
+                if K_AHEAD:
+                    _ring_load(k_desc, kv_row0 + kt * BLOCK_N, kv_col, k_empty, k_ready, k_smem, g, STAGES, KV_BYTES)
+                    if j > 0:  # V(j - 1), behind K(j)
+                        _ring_load(v_desc, kv_row0 + (kt + 1 if KEYS_DOWN else kt - 1) * BLOCK_N, kv_col, kv_empty,
+                                   v_ready, v_smem, g - 1, STAGES, KV_BYTES)
+                else:
+                    mbarrier.wait(kv_empty.index(slot), ((g // STAGES) & 1) ^ 1)
+                    mbarrier.expect(k_ready.index(slot), KV_BYTES)
+                    tma.async_copy_global_to_shared(k_desc, [kv_row0 + kt * BLOCK_N, kv_col], k_ready.index(slot),
+                                                    k_smem.index(slot))
+                    mbarrier.expect(v_ready.index(slot), KV_BYTES)
+                    tma.async_copy_global_to_shared(v_desc, [kv_row0 + kt * BLOCK_N, kv_col], v_ready.index(slot),
+                                                    v_smem.index(slot))
                 g += 1
+            if K_AHEAD:  # the item's last V
+                kt_last = 0 if KEYS_DOWN else n_tiles - 1
+                _ring_load(v_desc, kv_row0 + kt_last * BLOCK_N, kv_col, kv_empty, v_ready, v_smem, g - 1, STAGES,
+                           KV_BYTES)
             it += 1
 
 
 @gluon.jit
+def _ring_load(desc, row, col, empty, ready, smem, g, STAGES: gl.constexpr, BYTES: gl.constexpr):
+    """Tile (row, col) of desc into ring slot g % STAGES once its consumers have released it (a fresh barrier
+    passes parity 1 at once)."""
+    slot = g % STAGES
+    mbarrier.wait(empty.index(slot), ((g // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(slot), BYTES)
+    tma.async_copy_global_to_shared(desc, [row, col], ready.index(slot), smem.index(slot))
+
+
+@gluon.jit
 def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-              turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
+              k_empty, turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
               BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
               KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False, MASK_REL: gl.constexpr = False,
-              HAS_DROPOUT: gl.constexpr = False):
+              HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -349,7 +378,8 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     (FWD_KEYS_DOWN): the key tiles in descending order, so that a causal item's one masked tile is its round 0 and the
     loop's rounds are unmasked at compile time (FlashAttention-3's order). NAMED_TURNS (FWD_NAMED_TURNS): the turns
     through hardware named barriers instead of mbarriers. MASK_REL (FWD_MASK_REL): the diagonal tile's mask against the
-    tile's own column index. HAS_DROPOUT: P's dropped scores are left out of O but kept in the row sums, as
+    tile's own column index. K_AHEAD (FWD_K_AHEAD): K's slot is released (k_empty) as soon as this consumer's S is
+    done with it, not after the round's P V, so the loader refills it a round earlier. HAS_DROPOUT: P's dropped scores are left out of O but kept in the row sums, as
     kernels.flash's forward does, with its mask (kernels/gluon_dropout.py), and O is scaled by drop_scale."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = q_smem.dtype
@@ -396,6 +426,8 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             if not EXP_TURNS:
                 _turn_pass(other_turn, W, NAMED_TURNS)
             s = warpgroup_mma_wait(0, (s_tok,))
+            if K_AHEAD:
+                mbarrier.arrive(k_empty.index(slot))
             kt0 = n_tiles - 1 if KEYS_DOWN else 0
             p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
                                                s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
@@ -423,6 +455,8 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                 if not EXP_TURNS:
                     _turn_pass(other_turn, W, NAMED_TURNS)
                 s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
+                if K_AHEAD:
+                    mbarrier.arrive(k_empty.index(slot))
                 kt = n_tiles - 1 - j if KEYS_DOWN else j
                 p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
                                                    LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
@@ -433,7 +467,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
                     p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
                                            BLOCK_N, 4), p, 0.0)
                 acc = warpgroup_mma_wait(0, (acc_tok,))
-                mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's K and V
+                mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's V (and K)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
 
             # round n: P(n-1) V(n-1)
@@ -470,7 +504,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False,
-                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False):
+                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM. SEED: the dropout seed (any pointer without dropout), beside LSE because
@@ -487,6 +521,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # K_AHEAD only
     for i in gl.static_range(2 * Q_BUFFERS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
@@ -496,6 +531,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
+        mbarrier.init(k_empty.index(i), count=2)
     # descending, a tile narrower than the query tile could be all masked for a consumer's rows on its first round:
     # a row max of -inf, and NaN after it
     gl.static_assert(not KEYS_DOWN or BLOCK_N == BLOCK_M, "KEYS_DOWN needs BLOCK_N == BLOCK_M")
@@ -505,16 +541,16 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
     # tensors on the way into the partitions. Each consumer's index goes in as a constexpr, one `_consumer` per index
     gl.warp_specialize([
         (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
-                      BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
-                      NAMED_TURNS, MASK_REL, HAS_DROPOUT)),
+                      k_empty, turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh,
+                      drop_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS,
+                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD)),
         (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                      turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh, drop_scale,
-                      BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS, KEYS_DOWN,
-                      NAMED_TURNS, MASK_REL, HAS_DROPOUT)),
-        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, n_m,
-                   n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL,
-                   PAIRED, KEYS_DOWN))],
+                      k_empty, turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh,
+                      drop_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS,
+                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD)),
+        (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                   k_empty, n_m, n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                   Q_BUFFERS, IS_CAUSAL, PAIRED, KEYS_DOWN, K_AHEAD))],
         [4, 1], [CONSUMER_REGS, 24])
 
 
