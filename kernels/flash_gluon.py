@@ -110,8 +110,11 @@ FWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 4096}
 # (head dim, causal) whose K slots are released once both consumers' S is done with them (`_consumer`'s K_AHEAD), so
 # the loader refills them a round earlier. ncu of head dim 256's forward at 4K (results/attention/hd256_profile/)
 # put ~24% of the consumers' stall samples on the wait for K to arrive: with STAGES = 2 and K released after the
-# round's P V, K(j) could only be loaded at the end of round j - 1. To be decided by results/attention/gluon_fwd_k_ahead/.
-FWD_K_AHEAD: set = set()
+# round's P V, K(j) could only be loaded at the end of round j - 1. The forward alone on one H100, 5 alternating rounds
+# (results/attention/gluon_fwd_k_ahead/bench_h100.txt): head dim 256 1.27-1.42x at 1K-16K, either mask, from
+# 0.75-0.82x cuDNN's forward to 0.95-1.11x; head dim 128 (3 stages) 0.98-1.01x, head dim 64 non-causal 0.97-1.00x,
+# causal 1.00-1.02x. So only head dim 256.
+FWD_K_AHEAD = {(256, False), (256, True)}
 
 
 def fwd_forms(head_dim: int, causal: bool) -> dict:
