@@ -112,7 +112,7 @@ FWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 4096}
 # put ~24% of the consumers' stall samples on the wait for K to arrive: with STAGES = 2 and K released after the
 # round's P V, K(j) could only be loaded at the end of round j - 1. The forward alone on one H100, 5 alternating rounds
 # (results/attention/gluon_fwd_k_ahead/bench_h100.txt): head dim 256 1.27-1.42x at 1K-16K, either mask, from
-# 0.75-0.82x cuDNN's forward to 0.95-1.11x; head dim 128 (3 stages) 0.98-1.01x, head dim 64 non-causal 0.97-1.00x,
+# 0.75-0.83x cuDNN's forward to 0.95-1.11x; head dim 128 (3 stages) 0.98-1.01x, head dim 64 non-causal 0.97-1.00x,
 # causal 1.00-1.02x. So only head dim 256.
 FWD_K_AHEAD = {(256, False), (256, True)}
 
