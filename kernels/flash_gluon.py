@@ -722,6 +722,13 @@ BWD_SPLIT_KV_BUFFERS = 2
 # 1K-16K, causal and not; at 256 (no spill to save) 0.98-0.99x, so it reads them at the start there (one H100,
 # results/attention/gluon_bwd_stats_at_use/bench_h100.txt).
 BWD_STATS_AT_USE_HEAD_DIMS = (128,)
+# `_bwd_kernel`'s Q/dO ring refill, started sooner (session 45; results/attention/gluon_bwd_early_release/, not yet run
+# on the GPU): STATS_FIRST (`_bwd_loader`) reads LSE_i and delta_i before the wait for the slot, EARLY_RELEASE
+# (`_bwd_tile`) releases the slot when dV's and dK's wgmma are done instead of after dQ's. ncu of head dim 256's
+# backward (results/attention/hd256_profile/) put 31% of all stall samples on the compute warps' wait for Q_i and
+# dO_i, where the ring has one slot.
+BWD_STATS_FIRST_HEAD_DIMS: tuple = ()
+BWD_EARLY_RELEASE_HEAD_DIMS: tuple = ()
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
 # @triton.jit kernels at 1K
@@ -782,7 +789,11 @@ def _key_block(bh, pid_n, nheads, seqlen, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready, empty,
                 LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, STATS_FIRST: gl.constexpr = False):
+    """K and V per key block, Q_i, dO_i, LSE_i and delta_i per query tile into the ring. STATS_FIRST (`_bwd_kernel`'s):
+    LSE_i and delta_i are read from global memory before the wait for their slot, not after it, so that their
+    latency is not between the slot's release and its refill's TMA issue (the whole refill is exposed where the
+    ring has one slot: head dim 256)."""
     KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
     TILE_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * q_smem.dtype.primitive_bitwidth // 8
     it = 0  # key blocks done by this program
@@ -800,11 +811,18 @@ def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem
             tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_ready.index(kb), v_smem.index(kb))
             for i in range(lo, n_end):
                 slot = g % STAGES
-                mbarrier.wait(empty.index(slot), ((g // STAGES) & 1) ^ 1)
-                # LSE_i and delta_i stored before the expect's arrive, which releases them with the tile
                 offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
-                lse_smem.index(slot).store(gl.load(LSE + stat_base + offs))
-                delta_smem.index(slot).store(gl.load(DELTA + stat_base + offs))
+                if STATS_FIRST:
+                    lse_i = gl.load(LSE + stat_base + offs)
+                    delta_i = gl.load(DELTA + stat_base + offs)
+                    mbarrier.wait(empty.index(slot), ((g // STAGES) & 1) ^ 1)
+                else:
+                    mbarrier.wait(empty.index(slot), ((g // STAGES) & 1) ^ 1)
+                    lse_i = gl.load(LSE + stat_base + offs)
+                    delta_i = gl.load(DELTA + stat_base + offs)
+                # LSE_i and delta_i stored before the expect's arrive, which releases them with the tile
+                lse_smem.index(slot).store(lse_i)
+                delta_smem.index(slot).store(delta_i)
                 mbarrier.expect(ready.index(slot), 2 * TILE_BYTES)
                 tma.async_copy_global_to_shared(q_desc, [row0 + i * BLOCK_M, col], ready.index(slot),
                                                 q_smem.index(slot))
@@ -836,14 +854,17 @@ def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seql
 @gluon.jit
 def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, start_n, keys, qcols, st_init, dq_init,
               dv, dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr = False):
+              IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr = False, release=None,
+              EARLY_RELEASE: gl.constexpr = False):
     """One query tile i against this program's keys: the five wgmma and the softmax between them. lse_s, delta_s:
     (1, BLOCK_M) shared-memory rows of LSE_i and delta_i, read straight into the scores' layout, at the tile's start,
     or with STATS_AT_USE (BWD_STATS_AT_USE_HEAD_DIMS) each where it is used, which frees their registers over the
     S^T and dP^T matmuls. Returns dV and dK accumulated and this tile's dQ, all waited for. SPLIT (the
     tiles split across the warpgroups along their columns, `_tile_layout`): each warpgroup holds half of P^T's and
     dS^T's columns, and every row of dV and dK needs all of them, so both go through shared memory as the wgmma's
-    A operand; otherwise each warp's rows of P^T and dS^T are its own rows of dV and dK, so they stay in registers."""
+    A operand; otherwise each warp's rows of P^T and dS^T are its own rows of dV and dK, so they stay in registers.
+    EARLY_RELEASE: the slot's barrier `release` is arrived once dV's and dK's wgmma are done, the last readers of Q_i
+    and dO_i, while dQ's runs (else the caller arrives it after the tile)."""
     dtype: gl.constexpr = q_s.dtype
     st_layout: gl.constexpr = st_init.type.layout
     if not STATS_AT_USE:
@@ -880,7 +901,12 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
         dk_tok = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
         fence_async_shared()
     dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_init, use_acc=False, is_async=True)
-    dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
+    if EARLY_RELEASE:
+        dv, dk = warpgroup_mma_wait(1, (dv_tok, dk_tok))  # issued before dQ's, so they are the ones done
+        mbarrier.arrive(release)
+        dq = warpgroup_mma_wait(0, (dq_tok,))
+    else:
+        dv, dk, dq = warpgroup_mma_wait(0, (dv_tok, dk_tok, dq_tok))
     return dv, dk, dq
 
 
@@ -889,7 +915,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                  kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, qk_scale,
                  sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr):
+                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr, EARLY_RELEASE: gl.constexpr):
     # one K/V buffer, key blocks one after another (`_bwd_kernel`)
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
@@ -917,8 +943,9 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                 dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem,
                                          lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init,
                                          dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT,
-                                         STATS_AT_USE)
-                mbarrier.arrive(empty.index(slot))  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill it
+                                         STATS_AT_USE, empty.index(slot), EARLY_RELEASE)
+                if not EARLY_RELEASE:  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill the slot
+                    mbarrier.arrive(empty.index(slot))
                 s = g % DQ_STAGES
                 mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
                 dq_smem.index(s).store(dq)
@@ -942,7 +969,8 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
                 qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
-                STATS_AT_USE: gl.constexpr = False):
+                STATS_AT_USE: gl.constexpr = False, STATS_FIRST: gl.constexpr = False,
+                EARLY_RELEASE: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller. LSE, DELTA: (batch, nheads, seqlen).
     # SEED, drop_thresh, drop_scale: `_bwd_split_kernel`'s dropout, which this kernel does not take (the launcher
@@ -987,10 +1015,10 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
                         delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen,
                         head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, IS_CAUSAL,
-                        WARPS, SPLIT, STATS_AT_USE)),
+                        WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, STATS_FIRST)),
         (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                           BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
         [1, 1], [24, 24])
@@ -1256,5 +1284,7 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
                                                    num_warps=4))
     else:
         launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
-                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS))
+                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
+                                             STATS_FIRST=head_dim in BWD_STATS_FIRST_HEAD_DIMS,
+                                             EARLY_RELEASE=head_dim in BWD_EARLY_RELEASE_HEAD_DIMS))
     scale_cast(dqa, softmax_scale, dq)  # one pass over the float32 buffer

@@ -1,0 +1,118 @@
+"""Session 45's backward experiment (README.md here): `_bwd_kernel` (head dims 128 and 256) with its Q/dO ring refilled
+sooner. ncu of head dim 256's backward at 4K (../hd256_profile/) put 31% of all stall samples on the compute warps'
+wait for Q_i and dO_i: there the ring has one slot, so each tile's loads start only once the last tile is done.
+- STATS_FIRST (`_bwd_loader`): LSE_i and delta_i read from global memory before the wait for the slot, not between
+  the slot's release and the TMA issue of Q_i and dO_i;
+- EARLY_RELEASE (`_bwd_tile`): the slot released once dV's and dK's wgmma (the last readers of Q_i and dO_i) are done,
+  while dQ's still runs, instead of after it.
+The arithmetic is unchanged: every form's dK, dV must be bit-identical to the shipped form's (dQ is summed by TMA
+reduces in a varying order, so it is held to the float64 reference only).
+
+    python results/attention/gluon_bwd_early_release/ab.py compile   # sm_90 registers / spills (CPU)
+    python results/attention/gluon_bwd_early_release/ab.py check     # GPU: against float64 and the shipped form
+    python results/attention/gluon_bwd_early_release/ab.py bench     # GPU: every form and cuDNN's backward
+"""
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_common import alternating_rounds, launch_with  # noqa: E402  (puts the checkout on sys.path)
+
+import torch  # noqa: E402
+
+import kernels.flash_gluon as G  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
+from pp64_bwd import _inputs, _reference  # noqa: E402  (inputs and the float64 reference are pp64's)
+
+# each form names both flags, so the launcher's own choice (BWD_STATS_FIRST_HEAD_DIMS, ...) does not leak in
+FORMS = {"shipped": dict(STATS_FIRST=False, EARLY_RELEASE=False),
+         "stats_first": dict(STATS_FIRST=True, EARLY_RELEASE=False),
+         "early_release": dict(STATS_FIRST=False, EARLY_RELEASE=True),
+         "both": dict(STATS_FIRST=True, EARLY_RELEASE=True)}
+BACKWARDS = {name: launch_with(G.gluon_backward, (G._bwd_kernel,), flags) for name, flags in FORMS.items()}
+
+
+def compile_report(head_dims):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+    import kernel_resources as R
+    from triton.experimental.gluon import language as gl
+
+    for head_dim, causal in itertools.product(head_dims, (False, True)):
+        block_m, block_n, stages, dq_stages = G.BWD_TILES[head_dim]
+        lay = G.bwd_layouts(head_dim, gl.bfloat16, False)
+        desc = lambda r, l, t="bf16": R.tensordesc(t, [r, head_dim], lay[l])  # noqa: E731
+        types = dict(q_desc=desc(block_m, "q_layout"), do_desc=desc(block_m, "q_layout"),
+                     **{n: desc(block_n, "kv_layout") for n in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
+                     dqa_desc=desc(block_m, "dqa_layout", "fp32"))
+        for name, flags in FORMS.items():
+            consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
+                          IS_CAUSAL=causal, WARPS=G.BWD_WARPS, ds_layout=lay["ds_layout"],
+                          STATS_AT_USE=head_dim in G.BWD_STATS_AT_USE_HEAD_DIMS, **flags)
+            r = R.resources(G._bwd_kernel, consts, G.BWD_WARPS, stages, sass=True, types=types)
+            print(f"head dim {head_dim} causal {causal:d} {name:14s}: {r['regs']} registers, {r['stack']} bytes of "
+                  f"spill stack, {r['smem']} bytes of shared memory, static SASS {sum(r['ops'].values())}, LDL "
+                  f"{r['ops'].get('LDL', 0)} STL {r['ops'].get('STL', 0)}", flush=True)
+
+
+def _run(fn, args, causal, **kw):
+    q, k, v, do, lse, delta, scale = args
+    grads = [torch.full_like(q, float("nan")) for _ in range(3)]
+    fn(do, q, k, v, lse, delta, *grads, scale, causal, **kw)
+    return grads
+
+
+def check(head_dims):
+    """512 and 1K tokens, both masks, the default grid and 7 programs (each then runs many key blocks, so the ring
+    runs on across them): errors against float64 within 2x the shipped form's, dK and dV bit-identical to its."""
+    bad = 0
+    for head_dim, seqlen, causal, programs in itertools.product(head_dims, (512, 1024), (False, True), (None, 7)):
+        args = _inputs(2, seqlen, 4, causal, head_dim=head_dim)
+        ref = _reference(args, causal)
+        shipped = _run(BACKWARDS["shipped"], args, causal, programs=programs)
+        base = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(shipped, ref)]
+        line = []
+        for name, fn in BACKWARDS.items():
+            if name == "shipped":
+                continue
+            grads = _run(fn, args, causal, programs=programs)
+            err = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref)]
+            same = all(torch.equal(a, b) for a, b in zip(grads[1:], shipped[1:]))
+            ok = all(e <= 2 * b + 1e-3 for e, b in zip(err, base)) and max(err) < 2e-2 and same
+            bad += not ok
+            line.append(f"{name} dq/dk/dv {err[0]:.2e} {err[1]:.2e} {err[2]:.2e} dK/dV bit-identical {same} "
+                        f"{'ok' if ok else 'BAD'}")
+        print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d} programs {programs}: shipped "
+              f"{base[0]:.2e} {base[1]:.2e} {base[2]:.2e}; " + "; ".join(line), flush=True)
+    print("all ok" if not bad else f"{bad} BAD")
+
+
+def bench(head_dims, seqlens, rounds):
+    """The backward alone, every form and cuDNN's, in alternating rounds (the order flips each round); 16K tokens a
+    batch, heads x head dim = 2048."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    print(f"backward ms, median of {rounds} alternating rounds of do_bench; 16K tokens, heads x head dim 2048, bf16")
+    for head_dim, seqlen, causal in itertools.product(head_dims, seqlens, (False, True)):
+        args = _inputs(16384 // seqlen, seqlen, 2048 // head_dim, causal, head_dim=head_dim)
+        q, k, v, do, *_ = args
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        dot = do.transpose(1, 2)
+        fns = {name: (lambda fn=fn: _run(fn, args, causal)) for name, fn in BACKWARDS.items()}
+        fns["cudnn"] = lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
+        print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: {alternating_rounds(fns, rounds)}", flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["compile", "check", "bench"])
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[256, 128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    {"compile": lambda: compile_report(a.head_dims), "check": lambda: check(a.head_dims),
+     "bench": lambda: bench(a.head_dims, a.seqlens, a.rounds)}[a.mode]()
