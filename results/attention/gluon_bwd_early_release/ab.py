@@ -27,12 +27,22 @@ import kernels.flash_gluon as G  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
 from pp64_bwd import _inputs, _reference  # noqa: E402  (inputs and the float64 reference are pp64's)
 
-# each form names both flags, so the launcher's own choice (BWD_STATS_FIRST_HEAD_DIMS, ...) does not leak in
-FORMS = {"shipped": dict(STATS_FIRST=False, EARLY_RELEASE=False),
-         "stats_first": dict(STATS_FIRST=True, EARLY_RELEASE=False),
-         "early_release": dict(STATS_FIRST=False, EARLY_RELEASE=True),
-         "both": dict(STATS_FIRST=True, EARLY_RELEASE=True)}
-BACKWARDS = {name: launch_with(G.gluon_backward, (G._bwd_kernel,), flags) for name, flags in FORMS.items()}
+
+
+def forms(head_dim: int) -> dict:
+    """name -> `_bwd_kernel` constexprs. Each form names every flag, so the launcher's own choice
+    (BWD_STATS_FIRST_HEAD_DIMS, ...) does not leak in. `atomic`: DQ_ATOMIC alone (what the atomic adds cost);
+    `atomic_2`: with the second Q/dO slot its freed shared memory holds (head dim 256, whose ring has one)."""
+    off = dict(STATS_FIRST=False, EARLY_RELEASE=False, DQ_ATOMIC=False)
+    f = {"shipped": off, "stats_first": dict(off, STATS_FIRST=True), "early_release": dict(off, EARLY_RELEASE=True),
+         "both": dict(off, STATS_FIRST=True, EARLY_RELEASE=True), "atomic": dict(off, DQ_ATOMIC=True)}
+    stages = G.BWD_TILES[head_dim][2]
+    f[f"atomic_{stages + 1}"] = dict(STATS_FIRST=True, EARLY_RELEASE=True, DQ_ATOMIC=True, STAGES=stages + 1)
+    return f
+
+
+def backwards(head_dim: int) -> dict:
+    return {name: launch_with(G.gluon_backward, (G._bwd_kernel,), flags) for name, flags in forms(head_dim).items()}
 
 
 def compile_report(head_dims):
@@ -47,14 +57,15 @@ def compile_report(head_dims):
         types = dict(q_desc=desc(block_m, "q_layout"), do_desc=desc(block_m, "q_layout"),
                      **{n: desc(block_n, "kv_layout") for n in ("k_desc", "v_desc", "dk_desc", "dv_desc")},
                      dqa_desc=desc(block_m, "dqa_layout", "fp32"))
-        for name, flags in FORMS.items():
-            consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
-                          IS_CAUSAL=causal, WARPS=G.BWD_WARPS, ds_layout=lay["ds_layout"],
-                          STATS_AT_USE=head_dim in G.BWD_STATS_AT_USE_HEAD_DIMS, **flags)
-            r = R.resources(G._bwd_kernel, consts, G.BWD_WARPS, stages, sass=True, types=types)
+        for name, flags in forms(head_dim).items():
+            consts = dict(dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+                               DQ_STAGES=dq_stages, IS_CAUSAL=causal, WARPS=G.BWD_WARPS, ds_layout=lay["ds_layout"],
+                               STATS_AT_USE=head_dim in G.BWD_STATS_AT_USE_HEAD_DIMS), **flags)
+            r = R.resources(G._bwd_kernel, consts, G.BWD_WARPS, consts["STAGES"], sass=True, types=types)
             print(f"head dim {head_dim} causal {causal:d} {name:14s}: {r['regs']} registers, {r['stack']} bytes of "
                   f"spill stack, {r['smem']} bytes of shared memory, static SASS {sum(r['ops'].values())}, LDL "
-                  f"{r['ops'].get('LDL', 0)} STL {r['ops'].get('STL', 0)}", flush=True)
+                  f"{r['ops'].get('LDL', 0)} STL {r['ops'].get('STL', 0)} REDG {r['ops'].get('REDG', 0)}"
+                  + ("" if r["smem"] <= R.H100_SMEM_PER_BLOCK else " (does not fit an H100 block)"), flush=True)
 
 
 def _run(fn, args, causal, **kw):
@@ -71,10 +82,11 @@ def check(head_dims):
     for head_dim, seqlen, causal, programs in itertools.product(head_dims, (512, 1024), (False, True), (None, 7)):
         args = _inputs(2, seqlen, 4, causal, head_dim=head_dim)
         ref = _reference(args, causal)
-        shipped = _run(BACKWARDS["shipped"], args, causal, programs=programs)
+        fns = backwards(head_dim)
+        shipped = _run(fns["shipped"], args, causal, programs=programs)
         base = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(shipped, ref)]
         line = []
-        for name, fn in BACKWARDS.items():
+        for name, fn in fns.items():
             if name == "shipped":
                 continue
             grads = _run(fn, args, causal, programs=programs)
@@ -102,7 +114,7 @@ def bench(head_dims, seqlens, rounds):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         dot = do.transpose(1, 2)
-        fns = {name: (lambda fn=fn: _run(fn, args, causal)) for name, fn in BACKWARDS.items()}
+        fns = {name: (lambda fn=fn: _run(fn, args, causal)) for name, fn in backwards(head_dim).items()}
         fns["cudnn"] = lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
         print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: {alternating_rounds(fns, rounds)}", flush=True)
 
