@@ -749,3 +749,28 @@ def test_gpu_gluon_under_cuda_graph_and_compile(nheads_k):
             x.copy_(src)
     graph.replay()
     same(captured, eager)
+
+
+def test_forward_barrier_protocol_with_k_ahead_holds_and_catches_its_mutations():
+    """The Gluon forward's barrier protocol (results/attention/gluon_persistent/protocol_sim.py: the loader and both
+    consumers as generators mirroring the kernel's waits and arrives, mbarriers with hardware parity, TMA copies
+    landing at random times), with K released after S (K_AHEAD, shipped at head dim 256) and without: no deadlock, no
+    slot refilled before both consumers released it, and each K_AHEAD mutation caught."""
+    import importlib.util
+    import random
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "results" / "attention" / "gluon_persistent" / "protocol_sim.py"
+    spec = importlib.util.spec_from_file_location("persistent_protocol_sim", path)
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    rng = random.Random(0)
+    for seed in range(40):
+        items = [(t, rng.randint(1, 9)) for t in range(rng.randint(1, 5))]
+        for stages, q_buffers, k_ahead in ((2, 1, True), (3, 2, True), (2, 2, False)):
+            sim.simulate(items, stages, q_buffers, rng, exp_turns=seed % 2 == 1, k_ahead=k_ahead)
+    for bug in sim.K_AHEAD_BUGS:
+        with pytest.raises(AssertionError):
+            for seed in range(50):
+                sim.simulate([(t, 1 + (seed + t) % 4) for t in range(5)], 2, 2, random.Random(seed), bug,
+                             seed % 2 == 1, k_ahead=True)

@@ -14,7 +14,10 @@ instead of its wgmma issues, one a key tile: the same checks, the exponential ph
 NAMED_TURNS (session 39, prepared: ../gluon_fwd_named/) the turns are two hardware named barriers for 256 threads,
 consumer w waiting on barrier w with bar.sync and passing with bar.arrive on the other's, consumer 1 arriving once
 first: the same checks, plus that no consumer arrives twice on one barrier before its waiter has come (a second
-arrive would complete the barrier without the waiter).
+arrive would complete the barrier without the waiter). With K_AHEAD (session 45, shipped at head dim 256:
+../gluon_fwd_k_ahead/) each K slot has its own release, k_empty, arrived when a consumer's S is done with it, V keeps
+kv_empty, and the loader loads K(j) before V(j - 1): the same checks, with the loader refilling a K slot only after
+both consumers released its K and a V slot only after both released its V.
 
     python results/attention/gluon_persistent/protocol_sim.py     # prints the cases run; raises on a violation
 """
@@ -28,6 +31,7 @@ from protocol_sim import Barrier, Sim as ForwardSim  # noqa: E402
 BUGS = ("q_ready parity per item, not per buffer use", "q_empty wait without the flip",
         "v_ready parity of the wrong tile", "no q_empty arrive", "no kv_empty arrive")
 NAMED_BUGS = ("no first named arrive", "a second pass on the last round")
+K_AHEAD_BUGS = ("no k_empty arrive", "k_empty wait without the flip", "k_empty arrive before S")
 
 
 class NamedBarrier:
@@ -60,34 +64,69 @@ class Sim(ForwardSim):
         self.q_empty = [Barrier(1) for _ in range(2 * q_buffers)]
         self.q_done = set()  # (item, consumer) whose O has left its Q buffer
         self.named = [NamedBarrier(), NamedBarrier()]  # NAMED_TURNS: consumer w waits on named[w]
+        self.k_empty = [Barrier(2) for _ in range(stages)]  # K_AHEAD
+        self.released_k = [set(), set()]  # K tiles each consumer is done with (with V's unless K_AHEAD)
 
     def tma(self, bar, buf, tile):
         if buf[0] == "q":
             old = self.smem.get(buf)
             if old is not None and old not in self.q_done:
                 raise AssertionError(f"loader overwrote {buf} holding {old} before its O was stored")
+        if buf[0] == "k":
+            old = self.smem.get(buf)
+            if old is not None and not all(old in r for r in self.released_k):
+                raise AssertionError(f"loader overwrote {buf} holding K tile {old} before both consumers' S was done")
+            self.in_flight.append((bar, buf, tile))
+            return
         super().tma(bar, buf, tile)
 
 
-def loader(s, items, stages, q_buffers, bug):
+def loader(s, items, stages, q_buffers, bug, k_ahead=False):
     it = g = 0
+
+    def load_v(gv):  # K_AHEAD's V(j - 1), behind K(j)
+        slot = gv % stages
+        yield s.kv_empty[slot], ((gv // stages) & 1) ^ 1
+        s.tma(s.v_ready[slot], ("v", slot), gv)
+
     for item, n_tiles in items:
         qb = it % q_buffers
         for w in range(2):
             flip = 0 if bug == "q_empty wait without the flip" else 1
             yield s.q_empty[2 * qb + w], ((it // q_buffers) & 1) ^ flip
             s.tma(s.q_ready[2 * qb + w], ("q", 2 * qb + w), (item, w))
-        for _ in range(n_tiles):
+        for j in range(n_tiles):
             slot = g % stages
-            yield s.kv_empty[slot], ((g // stages) & 1) ^ 1
-            s.tma(s.k_ready[slot], ("k", slot), g)
-            s.tma(s.v_ready[slot], ("v", slot), g)
+            if k_ahead:
+                flip = 0 if bug == "k_empty wait without the flip" else 1
+                yield s.k_empty[slot], ((g // stages) & 1) ^ flip
+                s.tma(s.k_ready[slot], ("k", slot), g)
+                if j > 0:
+                    yield from load_v(g - 1)
+            else:
+                yield s.kv_empty[slot], ((g // stages) & 1) ^ 1
+                s.tma(s.k_ready[slot], ("k", slot), g)
+                s.tma(s.v_ready[slot], ("v", slot), g)
             g += 1
+        if k_ahead:  # the item's last V
+            yield from load_v(g - 1)
         it += 1
 
 
-def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False):
+def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False, k_ahead=False):
     it = g = tc = 0
+
+    def release_k(slot, tile):  # K_AHEAD: S is done with K's tile (else K goes with V, after P V)
+        if bug != "no k_empty arrive":
+            s.k_empty[slot].arrive()
+        s.released_k[w].add(tile)
+
+    def release_kv(slot, tile):
+        if bug != "no kv_empty arrive":
+            s.kv_empty[slot].arrive()
+        s.released[w].add(tile)
+        if not k_ahead:
+            s.released_k[w].add(tile)
 
     def wait_turn():
         nonlocal tc
@@ -113,12 +152,16 @@ def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False):
         s.read(w, ("q", qi), (item, w))
         slot = g % stages
         yield s.k_ready[slot], (g // stages) & 1
+        if k_ahead and bug == "k_empty arrive before S":
+            release_k(slot, g)
         if not exp_turns:  # S(0) issued in turn
             yield from wait_turn()
         s.read(w, ("k", slot), g)
         if not exp_turns:
             pass_turn()
-        else:  # S(0)'s exponentials in turn
+        if k_ahead and bug != "k_empty arrive before S":  # S(0) waited for
+            release_k(slot, g)
+        if exp_turns:  # S(0)'s exponentials in turn
             yield from wait_turn()
             pass_turn()
         for j in range(1, n_tiles):
@@ -132,12 +175,12 @@ def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False):
             s.read(w, ("v", prev), gj - 1)
             if not exp_turns:
                 pass_turn()
-            else:  # S(j)'s exponentials in turn
+            if k_ahead:  # S(j) waited for
+                release_k(slot, gj)
+            if exp_turns:  # S(j)'s exponentials in turn
                 yield from wait_turn()
                 pass_turn()
-            if bug != "no kv_empty arrive":
-                s.kv_empty[prev].arrive()
-            s.released[w].add(gj - 1)
+            release_kv(prev, gj - 1)
         glast = g + n_tiles - 1
         last = glast % stages
         yield s.v_ready[last], (glast // stages) & 1
@@ -148,8 +191,7 @@ def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False):
             pass_turn()
         if named and bug == "a second pass on the last round":
             s.named[1 - w].join(w)
-        s.kv_empty[last].arrive()
-        s.released[w].add(glast)
+        release_kv(last, glast)
         s.q_done.add((item, w))  # O stored through the Q buffer and tma.store_wait: the buffer is free
         if bug != "no q_empty arrive":
             s.q_empty[qi].arrive()
@@ -157,11 +199,11 @@ def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False):
         it += 1
 
 
-def simulate(items, stages, q_buffers, rng, bug=None, exp_turns=False, named=False):
+def simulate(items, stages, q_buffers, rng, bug=None, exp_turns=False, named=False, k_ahead=False):
     s = Sim(stages, q_buffers, rng)
-    s.run({"loader": loader(s, items, stages, q_buffers, bug),
-           "c0": consumer(s, 0, items, stages, q_buffers, bug, exp_turns, named),
-           "c1": consumer(s, 1, items, stages, q_buffers, bug, exp_turns, named)})
+    s.run({"loader": loader(s, items, stages, q_buffers, bug, k_ahead),
+           "c0": consumer(s, 0, items, stages, q_buffers, bug, exp_turns, named, k_ahead),
+           "c1": consumer(s, 1, items, stages, q_buffers, bug, exp_turns, named, k_ahead)})
     rounds = sum(n + (0 if exp_turns else 1) for _, n in items)
     want = [(w, r) for r in range(1, rounds + 1) for w in (0, 1)]
     assert s.rounds == want, f"rounds out of turn: {s.rounds[:8]} ..."
@@ -178,8 +220,9 @@ def main():
             for q_buffers in (1, 2):
                 for exp_turns in (False, True):
                     for named in (False, True):
-                        simulate(items, stages, q_buffers, rng, exp_turns=exp_turns, named=named)
-                        cases += 1
+                        for k_ahead in (False, True):
+                            simulate(items, stages, q_buffers, rng, exp_turns=exp_turns, named=named, k_ahead=k_ahead)
+                            cases += 1
     caught = 0
     for bug in BUGS:
         try:
@@ -198,9 +241,19 @@ def main():
             caught += 1
         else:
             raise AssertionError(f"mutation not caught: {bug}")
+    for bug in K_AHEAD_BUGS:  # on K_AHEAD's release of K
+        try:
+            for seed in range(50):
+                simulate([(t, 1 + (seed + t) % 4) for t in range(5)], 2, 2, random.Random(seed), bug, seed % 2 == 1,
+                         k_ahead=True)
+        except AssertionError:
+            caught += 1
+        else:
+            raise AssertionError(f"mutation not caught: {bug}")
     print(f"{cases} random interleavings (1-7 items of 1-9 key tiles, ring depths 2-4, 1-2 Q buffers, turns around the "
-          f"wgmma issues or the exponentials, through mbarriers or named barriers): no deadlock, no stale or "
-          f"overwritten tile, turns strictly alternating; {caught} of {len(BUGS) + len(NAMED_BUGS)} mutations caught")
+          f"wgmma issues or the exponentials, through mbarriers or named barriers, K released with V or after S): no "
+          f"deadlock, no stale or overwritten tile, turns strictly alternating; {caught} of "
+          f"{len(BUGS) + len(NAMED_BUGS) + len(K_AHEAD_BUGS)} mutations caught")
 
 
 if __name__ == "__main__":
