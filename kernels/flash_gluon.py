@@ -7,7 +7,8 @@ can be written in it but not in `@triton.jit`. The forward:
     a work item = 128 query rows of one (batch, head); a program runs one or many (`_work_unit`); three partitions:
     loader (1 warp, 24 registers)   per item Q's two 64-row halves by TMA into one of Q_BUFFERS buffers, then K(j),
                                     V(j) into a STAGES-deep ring that runs on across items; a slot is refilled once
-                                    both consumers have released it (count-2 mbarrier)
+                                    both consumers have released it (count-2 mbarrier); at head dim 256, whose ring
+                                    has two slots, K is released after S and loaded ahead of V (FWD_K_AHEAD)
     consumer w = 0, 1 (4 warps each) 64 query rows: S(j) = Q K(j)^T and O += P(j-1) V(j-1) as async wgmma,
                                     issued in turn with the other consumer (two mbarriers): one warpgroup's softmax
                                     runs while the other's matmuls do
