@@ -526,7 +526,10 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())  # K_AHEAD only
+    if K_AHEAD:
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    else:  # not used: K goes back with V (kv_empty)
+        k_empty = kv_empty
     for i in gl.static_range(2 * Q_BUFFERS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
@@ -536,7 +539,8 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
-        mbarrier.init(k_empty.index(i), count=2)
+        if K_AHEAD:
+            mbarrier.init(k_empty.index(i), count=2)
     # descending, a tile narrower than the query tile could be all masked for a consumer's rows on its first round:
     # a row max of -inf, and NaN after it
     gl.static_assert(not KEYS_DOWN or BLOCK_N == BLOCK_M, "KEYS_DOWN needs BLOCK_N == BLOCK_M")
@@ -724,12 +728,12 @@ BWD_SPLIT_KV_BUFFERS = 2
 # 1K-16K, causal and not; at 256 (no spill to save) 0.98-0.99x, so it reads them at the start there (one H100,
 # results/attention/gluon_bwd_stats_at_use/bench_h100.txt).
 BWD_STATS_AT_USE_HEAD_DIMS = (128,)
-# `_bwd_kernel`'s Q/dO ring refill, started sooner (session 45; results/attention/gluon_bwd_early_release/, not yet run
-# on the GPU): STATS_FIRST (`_bwd_loader`) reads LSE_i and delta_i before the wait for the slot, EARLY_RELEASE
-# (`_bwd_tile`) releases the slot when dV's and dK's wgmma are done instead of after dQ's. ncu of head dim 256's
-# backward (results/attention/hd256_profile/) put 31% of all stall samples on the compute warps' wait for Q_i and
-# dO_i, where the ring has one slot.
-BWD_STATS_FIRST_HEAD_DIMS: tuple = ()
+# The backward's Q/dO ring refill, started sooner (session 45; results/attention/gluon_bwd_early_release/, not yet run
+# on the GPU): STATS_AHEAD (`_bwd_loader`, both kernels) reads the next tile's LSE and delta before the wait for this
+# tile's slot, EARLY_RELEASE (`_bwd_tile`) releases the slot when dV's and dK's wgmma are done instead of after dQ's.
+# ncu of head dim 256's backward (results/attention/hd256_profile/) put 31% of all stall samples on the compute warps'
+# wait for Q_i and dO_i, where the ring has one slot.
+BWD_STATS_AHEAD_HEAD_DIMS: tuple = ()
 BWD_EARLY_RELEASE_HEAD_DIMS: tuple = ()
 # `_bwd_compute`'s DQ_ATOMIC (same experiment): dQ added from registers by atomics, no shared dQ tile, so that head
 # dim 256's ring can take a second Q/dO slot
@@ -794,11 +798,12 @@ def _key_block(bh, pid_n, nheads, seqlen, BLOCK_M: gl.constexpr, BLOCK_N: gl.con
 def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready, empty,
                 LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, KV_BUFFERS: gl.constexpr,
-                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, STATS_FIRST: gl.constexpr = False):
-    """K and V per key block, Q_i, dO_i, LSE_i and delta_i per query tile into the ring. STATS_FIRST (`_bwd_kernel`'s):
-    LSE_i and delta_i are read from global memory before the wait for their slot, not after it, so that their
-    latency is not between the slot's release and its refill's TMA issue (the whole refill is exposed where the
-    ring has one slot: head dim 256)."""
+                IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, STATS_AHEAD: gl.constexpr = False):
+    """K and V per key block, Q_i, dO_i, LSE_i and delta_i per query tile into the ring. Without STATS_AHEAD, LSE_i
+    and delta_i are read from global memory after the wait for their slot, each load waited for by its store (two
+    round trips, in the sm_90 SASS) before Q_i's and dO_i's TMA loads are issued; where the ring has one slot (head
+    dim 256) all of that is on the compute warps' path. STATS_AHEAD: tile i + 1's are loaded before the wait for
+    tile i's slot, so they arrive while the loader waits."""
     KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
     TILE_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * q_smem.dtype.primitive_bitwidth // 8
     it = 0  # key blocks done by this program
@@ -814,15 +819,22 @@ def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem
             mbarrier.expect(kv_ready.index(kb), 2 * KV_BYTES)
             tma.async_copy_global_to_shared(k_desc, [row0 + start_n, col], kv_ready.index(kb), k_smem.index(kb))
             tma.async_copy_global_to_shared(v_desc, [row0 + start_n, col], kv_ready.index(kb), v_smem.index(kb))
+            if STATS_AHEAD:
+                cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
+                lse_next = gl.load(LSE + stat_base + lo * BLOCK_M + cols)
+                delta_next = gl.load(DELTA + stat_base + lo * BLOCK_M + cols)
             for i in range(lo, n_end):
                 slot = g % STAGES
-                offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
-                if STATS_FIRST:
-                    lse_i = gl.load(LSE + stat_base + offs)
-                    delta_i = gl.load(DELTA + stat_base + offs)
+                if STATS_AHEAD:
+                    lse_i = lse_next
+                    delta_i = delta_next
+                    ahead = gl.minimum(i + 1, n_end - 1) * BLOCK_M + cols  # the last tile loads its own again
+                    lse_next = gl.load(LSE + stat_base + ahead)
+                    delta_next = gl.load(DELTA + stat_base + ahead)
                     mbarrier.wait(empty.index(slot), ((g // STAGES) & 1) ^ 1)
                 else:
                     mbarrier.wait(empty.index(slot), ((g // STAGES) & 1) ^ 1)
+                    offs = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, _row_layout(BLOCK_M)))[None, :]
                     lse_i = gl.load(LSE + stat_base + offs)
                     delta_i = gl.load(DELTA + stat_base + offs)
                 # LSE_i and delta_i stored before the expect's arrive, which releases them with the tile
@@ -987,7 +999,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
                 qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
-                STATS_AT_USE: gl.constexpr = False, STATS_FIRST: gl.constexpr = False,
+                STATS_AT_USE: gl.constexpr = False, STATS_AHEAD: gl.constexpr = False,
                 EARLY_RELEASE: gl.constexpr = False, DQ_ATOMIC: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller, and DQA its pointer (DQ_ATOMIC).
@@ -1040,7 +1052,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
                         IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE, DQ_ATOMIC)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, STATS_FIRST)),
+                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, STATS_AHEAD)),
         (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                           BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, DQ_ATOMIC))],
         [1, 1], [24, 24])
@@ -1178,7 +1190,8 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                       KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False):
+                      CONSUMER_REGS: gl.constexpr, HAS_DROPOUT: gl.constexpr = False,
+                      STATS_AHEAD: gl.constexpr = False):
     """`_bwd_kernel`'s arguments, but dk_desc and dv_desc in tiles of BLOCK_N // 2 keys (a warpgroup's half), and
     persistent with KV_BUFFERS K/V buffers. Beyond `_bwd_kernel`'s barriers: ds_full[b] (count 2: both dS^T halves of
     the tile in buffer b stored) and ds_free[b] (its dQ wgmma done). The protocol is simulated on the CPU
@@ -1232,7 +1245,7 @@ def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_des
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, HAS_DROPOUT)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED)),
+                       BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, STATS_AHEAD)),
         (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                           BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
         [4, 1, 1], [CONSUMER_REGS, 24, 24])
@@ -1303,11 +1316,11 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     if split:
         launch(_bwd_split_kernel, grid, args, dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal,
                                                    CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
-                                                   num_warps=4))
+                                                   STATS_AHEAD=head_dim in BWD_STATS_AHEAD_HEAD_DIMS, num_warps=4))
     else:
         launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
                                              STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
-                                             STATS_FIRST=head_dim in BWD_STATS_FIRST_HEAD_DIMS,
+                                             STATS_AHEAD=head_dim in BWD_STATS_AHEAD_HEAD_DIMS,
                                              EARLY_RELEASE=head_dim in BWD_EARLY_RELEASE_HEAD_DIMS,
                                              DQ_ATOMIC=head_dim in BWD_DQ_ATOMIC_HEAD_DIMS))
     scale_cast(dqa, softmax_scale, dq)  # one pass over the float32 buffer

@@ -1,14 +1,15 @@
 """Session 45's backward experiment (README.md here): `_bwd_kernel` (head dims 128 and 256) with its Q/dO ring refilled
 sooner. ncu of head dim 256's backward at 4K (../hd256_profile/) put 31% of all stall samples on the compute warps'
 wait for Q_i and dO_i: there the ring has one slot, so each tile's loads start only once the last tile is done.
-- STATS_FIRST (`_bwd_loader`): LSE_i and delta_i read from global memory before the wait for the slot, not between
-  the slot's release and the TMA issue of Q_i and dO_i;
+- STATS_AHEAD (`_bwd_loader`, both backward kernels): tile i + 1's LSE and delta loaded before the wait for tile
+  i's slot. Without it they are loaded after the wait, the two loads one after the other (each waited for by its
+  store, in the sm_90 SASS), and only then are Q_i's and dO_i's TMA loads issued;
 - EARLY_RELEASE (`_bwd_tile`): the slot released once dV's and dK's wgmma (the last readers of Q_i and dO_i) are done,
   while dQ's still runs, instead of after it.
 The arithmetic is unchanged: every form's dK, dV must be bit-identical to the shipped form's (dQ is summed by TMA
 reduces in a varying order, so it is held to the float64 reference only).
 
-    python results/attention/gluon_bwd_early_release/ab.py compile   # sm_90 registers / spills (CPU)
+    python results/attention/gluon_bwd_early_release/ab.py compile   # sm_90 registers / spills, hd 256 / 128 (CPU)
     python results/attention/gluon_bwd_early_release/ab.py check     # GPU: against float64 and the shipped form
     python results/attention/gluon_bwd_early_release/ab.py bench     # GPU: every form and cuDNN's backward
 """
@@ -30,19 +31,23 @@ from pp64_bwd import _inputs, _reference  # noqa: E402  (inputs and the float64 
 
 
 def forms(head_dim: int) -> dict:
-    """name -> `_bwd_kernel` constexprs. Each form names every flag, so the launcher's own choice
-    (BWD_STATS_FIRST_HEAD_DIMS, ...) does not leak in. `atomic`: DQ_ATOMIC alone (what the atomic adds cost);
-    `atomic_2`: with the second Q/dO slot its freed shared memory holds (head dim 256, whose ring has one)."""
-    off = dict(STATS_FIRST=False, EARLY_RELEASE=False, DQ_ATOMIC=False)
-    f = {"shipped": off, "stats_first": dict(off, STATS_FIRST=True), "early_release": dict(off, EARLY_RELEASE=True),
-         "both": dict(off, STATS_FIRST=True, EARLY_RELEASE=True), "atomic": dict(off, DQ_ATOMIC=True)}
+    """name -> the backward kernel's constexprs. Each form names every flag, so the launcher's own choice
+    (BWD_STATS_AHEAD_HEAD_DIMS, ...) does not leak in. `atomic`: DQ_ATOMIC alone (what the atomic adds cost);
+    `atomic_N`: with the extra Q/dO slot its freed shared memory holds. At head dim 64 (`_bwd_split_kernel`, whose
+    ring has three slots) only STATS_AHEAD."""
+    if head_dim in G.BWD_SPLIT_HEAD_DIMS:
+        return {"shipped": dict(STATS_AHEAD=False), "stats_ahead": dict(STATS_AHEAD=True)}
+    off = dict(STATS_AHEAD=False, EARLY_RELEASE=False, DQ_ATOMIC=False)
+    f = {"shipped": off, "stats_ahead": dict(off, STATS_AHEAD=True), "early_release": dict(off, EARLY_RELEASE=True),
+         "both": dict(off, STATS_AHEAD=True, EARLY_RELEASE=True), "atomic": dict(off, DQ_ATOMIC=True)}
     stages = G.BWD_TILES[head_dim][2]
-    f[f"atomic_{stages + 1}"] = dict(STATS_FIRST=True, EARLY_RELEASE=True, DQ_ATOMIC=True, STAGES=stages + 1)
+    f[f"atomic_{stages + 1}"] = dict(STATS_AHEAD=True, EARLY_RELEASE=True, DQ_ATOMIC=True, STAGES=stages + 1)
     return f
 
 
 def backwards(head_dim: int) -> dict:
-    return {name: launch_with(G.gluon_backward, (G._bwd_kernel,), flags) for name, flags in forms(head_dim).items()}
+    kernel = G._bwd_split_kernel if head_dim in G.BWD_SPLIT_HEAD_DIMS else G._bwd_kernel
+    return {name: launch_with(G.gluon_backward, (kernel,), flags) for name, flags in forms(head_dim).items()}
 
 
 def compile_report(head_dims):
@@ -50,7 +55,7 @@ def compile_report(head_dims):
     import kernel_resources as R
     from triton.experimental.gluon import language as gl
 
-    for head_dim, causal in itertools.product(head_dims, (False, True)):
+    for head_dim, causal in itertools.product([d for d in head_dims if d not in G.BWD_SPLIT_HEAD_DIMS], (False, True)):
         block_m, block_n, stages, dq_stages = G.BWD_TILES[head_dim]
         lay = G.bwd_layouts(head_dim, gl.bfloat16, False)
         desc = lambda r, l, t="bf16": R.tensordesc(t, [r, head_dim], lay[l])  # noqa: E731
