@@ -73,3 +73,27 @@ def eager_and_graphed(fns: dict, params=(), rounds: int = 3) -> tuple[dict, dict
             times[f"{name}_eager"].append(do_bench(fns[name], warmup=25, rep=40, return_mode="median"))
             times[f"{name}_graphed"].append(do_bench(graphs[name].replay, warmup=10, rep=40, return_mode="median"))
     return {name: statistics.median(t) for name, t in times.items()}, times
+
+
+def run_backward(fn, args, causal, **kw):
+    """fn (kernels.flash_gluon.gluon_backward or a form of it) on args = (q, k, v, dO, LSE, delta, scale), as
+    ../gluon_bwd_pp64/pp64_bwd.py's `_inputs` makes them: [dQ, dK, dV], each NaN where the kernel wrote nothing."""
+    import torch
+
+    q, k, v, do, lse, delta, scale = args
+    grads = [torch.full_like(q, float("nan")) for _ in range(3)]
+    fn(do, q, k, v, lse, delta, *grads, scale, causal, **kw)
+    return grads
+
+
+def cudnn_backward(q, k, v, do, causal):
+    """A call to time: the backward of PyTorch SDPA's cuDNN attention for q, k, v, dO (batch, seqlen, heads, head
+    dim), its forward run once here."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    dot = do.transpose(1, 2)
+    return lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)

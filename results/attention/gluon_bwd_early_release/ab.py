@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_common import alternating_rounds, launch_with  # noqa: E402  (puts the checkout on sys.path)
+# ab_common puts the checkout on sys.path
+from ab_common import alternating_rounds, cudnn_backward, launch_with, run_backward  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -73,12 +74,6 @@ def compile_report(head_dims):
                   + ("" if r["smem"] <= R.H100_SMEM_PER_BLOCK else " (does not fit an H100 block)"), flush=True)
 
 
-def _run(fn, args, causal, **kw):
-    q, k, v, do, lse, delta, scale = args
-    grads = [torch.full_like(q, float("nan")) for _ in range(3)]
-    fn(do, q, k, v, lse, delta, *grads, scale, causal, **kw)
-    return grads
-
 
 def check(head_dims, only_shipped=False):
     """512 and 1K tokens, both masks, the default grid and 7 programs (each then runs many key blocks, so the ring
@@ -90,13 +85,13 @@ def check(head_dims, only_shipped=False):
         args = _inputs(2, seqlen, 4, causal, head_dim=head_dim)
         ref = _reference(args, causal)
         fns = {"shipped": G.gluon_backward} if only_shipped else backwards(head_dim)
-        shipped = _run(fns["shipped"], args, causal, programs=programs)
+        shipped = run_backward(fns["shipped"], args, causal, programs=programs)
         base = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(shipped, ref)]
         line = []
         for name, fn in fns.items():
             if name == "shipped":
                 continue
-            grads = _run(fn, args, causal, programs=programs)
+            grads = run_backward(fn, args, causal, programs=programs)
             err = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref)]
             same = all(torch.equal(a, b) for a, b in zip(grads[1:], shipped[1:]))
             ok = all(e <= 2 * b + 1e-3 for e, b in zip(err, base)) and max(err) < 2e-2 and same
@@ -115,18 +110,11 @@ def check(head_dims, only_shipped=False):
 def bench(head_dims, seqlens, rounds):
     """The backward alone, every form and cuDNN's, in alternating rounds (the order flips each round); 16K tokens a
     batch, heads x head dim = 2048."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     print(f"backward ms, median of {rounds} alternating rounds of do_bench; 16K tokens, heads x head dim 2048, bf16")
     for head_dim, seqlen, causal in itertools.product(head_dims, seqlens, (False, True)):
         args = _inputs(16384 // seqlen, seqlen, 2048 // head_dim, causal, head_dim=head_dim)
-        q, k, v, do, *_ = args
-        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-        dot = do.transpose(1, 2)
-        fns = {name: (lambda fn=fn: _run(fn, args, causal)) for name, fn in backwards(head_dim).items()}
-        fns["cudnn"] = lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
+        fns = {name: (lambda fn=fn: run_backward(fn, args, causal)) for name, fn in backwards(head_dim).items()}
+        fns["cudnn"] = cudnn_backward(*args[:4], causal)
         print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: {alternating_rounds(fns, rounds)}", flush=True)
 
 

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_common import alternating_rounds, launch_with  # noqa: E402  (puts the checkout on sys.path)
+# ab_common puts the checkout on sys.path
+from ab_common import alternating_rounds, cudnn_backward, launch_with, run_backward  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -48,12 +49,6 @@ def compile_report():
               f"{r['ops'].get('STL', 0)} (static)", flush=True)
 
 
-def _run(fn, args, causal, **kw):
-    q, k, v, do, lse, delta, scale = args
-    grads = [torch.full_like(q, float("nan")) for _ in range(3)]
-    fn(do, q, k, v, lse, delta, *grads, scale, causal, **kw)
-    return grads
-
 
 def check():
     """Head dims 128 and 256, 512 and 1K tokens, both masks, the default grid and 7 programs: errors against float64
@@ -62,8 +57,8 @@ def check():
     for head_dim, seqlen, causal, programs in itertools.product((128, 256), (512, 1024), (False, True), (None, 7)):
         args = _inputs(2, seqlen, 4, causal, head_dim=head_dim)
         ref = _reference(args, causal)
-        shipped = _run(shipped_backward, args, causal, programs=programs)
-        grads = _run(stats_at_use_backward, args, causal, programs=programs)
+        shipped = run_backward(shipped_backward, args, causal, programs=programs)
+        grads = run_backward(stats_at_use_backward, args, causal, programs=programs)
         err = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref)]
         base = [((g.double() - r).abs().max() / r.abs().max()).item() for g, r in zip(shipped, ref)]
         same = all(torch.equal(a, b) for a, b in zip(grads[1:], shipped[1:]))
@@ -78,19 +73,12 @@ def check():
 def bench(head_dims, seqlens, rounds):
     """The backward alone, shipped form, STATS_AT_USE and cuDNN's, in alternating rounds (the order flips each
     round); 16K tokens a batch, heads x head dim = 2048."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     print(f"backward ms, median of {rounds} alternating rounds of do_bench; 16K tokens, heads x head dim 2048, bf16")
     for head_dim, seqlen, causal in itertools.product(head_dims, seqlens, (False, True)):
         args = _inputs(16384 // seqlen, seqlen, 2048 // head_dim, causal, head_dim=head_dim)
-        q, k, v, do, *_ = args
-        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-        dot = do.transpose(1, 2)
-        fns = {"shipped": lambda: _run(shipped_backward, args, causal),
-               "at_use": lambda: _run(stats_at_use_backward, args, causal),
-               "cudnn": lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)}
+        fns = {"shipped": lambda: run_backward(shipped_backward, args, causal),
+               "at_use": lambda: run_backward(stats_at_use_backward, args, causal),
+               "cudnn": cudnn_backward(*args[:4], causal)}
         print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: {alternating_rounds(fns, rounds)}", flush=True)
 
 

@@ -5,21 +5,19 @@ of the consumer warps' stall samples on the wait for K(j) to arrive; with the 2-
 head dim has room for, K(j) could be loaded only once round j - 1's P V was done. The arithmetic is unchanged, so
 the form's outputs must be bit-identical to the shipped form's (../gluon_fwd_turns/ab.py's check).
 
-    python results/attention/gluon_fwd_k_ahead/ab.py compile   # sm_90 registers / spills / shared memory (CPU)
+    python results/attention/gluon_fwd_k_ahead/ab.py compile   # sm_90 registers / spills / shared memory (CPU; only
+                                                               # the forms' own flags: as launched at head dim 256)
     python results/attention/gluon_fwd_k_ahead/ab.py check     # GPU: against float64 and the shipped form
     python results/attention/gluon_fwd_k_ahead/ab.py bench     # GPU: the forward alone, each form and cuDNN's
 """
 import argparse
 import importlib.util
-import itertools
-import sys
 from pathlib import Path
 
 spec = importlib.util.spec_from_file_location("fwd_turns_ab", Path(__file__).resolve().parents[1] / "gluon_fwd_turns"
                                               / "ab.py")
 T = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(T)  # its check and bench take the forms to run
-G = T.G
 
 
 def forms_of(head_dim: int) -> dict:
@@ -32,30 +30,6 @@ def forms_of(head_dim: int) -> dict:
     return forms
 
 
-def compile_report(head_dims):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-    import kernel_resources as R
-    from triton.experimental.gluon import language as gl
-
-    for head_dim, causal in itertools.product(head_dims, (False, True)):
-        block_m, block_n, stages, q_buffers = G.FWD_TILES[head_dim]
-        q_layout = G._shared_layout(block_m // 2, head_dim, gl.bfloat16)
-        kv_layout = G._shared_layout(block_n, head_dim, gl.bfloat16)
-        types = dict(q_desc=R.tensordesc("bf16", [block_m // 2, head_dim], q_layout),
-                     o_desc=R.tensordesc("bf16", [block_m // 2, head_dim], q_layout),
-                     k_desc=R.tensordesc("bf16", [block_n, head_dim], kv_layout),
-                     v_desc=R.tensordesc("bf16", [block_n, head_dim], kv_layout), LSE="*fp32")
-        for name, flags in forms_of(head_dim).items():
-            consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
-                          IS_CAUSAL=causal, PAIRED=causal and G.fwd_persistent(head_dim, 4096, causal),
-                          CONSUMER_REGS=G.CONSUMER_REGS, **dict(G.fwd_forms(head_dim, causal), **flags))
-            r = R.resources(G._fwd_kernel, consts, 4, stages, sass=True, types=types)
-            ops = r["ops"]
-            print(f"head dim {head_dim} causal {causal:d} {name:14s}: {r['regs']} registers, {r['stack']} bytes of "
-                  f"spill stack, {r['smem']} bytes of shared memory; static SASS {sum(ops.values())} instructions, "
-                  f"SYNCS {ops.get('SYNCS', 0)} HGMMA {ops.get('HGMMA', 0)}", flush=True)
-
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["compile", "check", "bench"])
@@ -64,7 +38,7 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     if a.mode == "compile":
-        compile_report(a.head_dims)
+        T.compile_report(a.head_dims, forms_of)
     elif a.mode == "check":
         T.check(a.head_dims, forms_of)
     else:

@@ -39,12 +39,14 @@ def forward_with(flags: dict):
     return launch_with(G.gluon_forward, (G._fwd_kernel,), flags)
 
 
-def compile_report():
+def compile_report(head_dims=(64,), forms_of=forms):
+    """Each form of forms_of(head dim) compiled for sm_90 as the launcher would launch it (the persistent grid's
+    causal pairs where `fwd_persistent` holds at 4K): registers, spill stack, shared memory, static SASS."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
     import kernel_resources as R
     from triton.experimental.gluon import language as gl
 
-    for head_dim, causal in itertools.product((64,), (False, True)):
+    for head_dim, causal in itertools.product(head_dims, (False, True)):
         block_m, block_n, stages, q_buffers = G.FWD_TILES[head_dim]
         q_layout = G._shared_layout(block_m // 2, head_dim, gl.bfloat16)
         kv_layout = G._shared_layout(block_n, head_dim, gl.bfloat16)
@@ -52,9 +54,10 @@ def compile_report():
                      o_desc=R.tensordesc("bf16", [block_m // 2, head_dim], q_layout),
                      k_desc=R.tensordesc("bf16", [block_n, head_dim], kv_layout),
                      v_desc=R.tensordesc("bf16", [block_n, head_dim], kv_layout), LSE="*fp32")
-        for name, flags in forms(head_dim).items():
+        for name, flags in forms_of(head_dim).items():
             consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
-                          IS_CAUSAL=causal, PAIRED=causal, CONSUMER_REGS=G.CONSUMER_REGS, **flags)
+                          IS_CAUSAL=causal, PAIRED=causal and G.fwd_persistent(head_dim, 4096, causal),
+                          CONSUMER_REGS=G.CONSUMER_REGS, **flags)
             r = R.resources(G._fwd_kernel, consts, 4, stages, sass=True, types=types)
             ops = r["ops"]
             print(f"head dim {head_dim} causal {causal:d} {name:12s}: {r['regs']} registers, {r['stack']} bytes of "
