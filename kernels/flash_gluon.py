@@ -728,15 +728,17 @@ BWD_SPLIT_KV_BUFFERS = 2
 # 1K-16K, causal and not; at 256 (no spill to save) 0.98-0.99x, so it reads them at the start there (one H100,
 # results/attention/gluon_bwd_stats_at_use/bench_h100.txt).
 BWD_STATS_AT_USE_HEAD_DIMS = (128,)
-# The backward's Q/dO ring refill, started sooner (session 45; results/attention/gluon_bwd_early_release/, not yet run
-# on the GPU): STATS_AHEAD (`_bwd_loader`, both kernels) reads the next tile's LSE and delta before the wait for this
-# tile's slot, EARLY_RELEASE (`_bwd_tile`) releases the slot when dV's and dK's wgmma are done instead of after dQ's.
-# ncu of head dim 256's backward (results/attention/hd256_profile/) put 31% of all stall samples on the compute warps'
-# wait for Q_i and dO_i, where the ring has one slot.
-BWD_STATS_AHEAD_HEAD_DIMS: tuple = ()
-BWD_EARLY_RELEASE_HEAD_DIMS: tuple = ()
+# The backward's Q/dO ring refill, started sooner (session 45): STATS_AHEAD (`_bwd_loader`, both kernels) reads the
+# next tile's LSE and delta before the wait for this tile's slot, EARLY_RELEASE (`_bwd_tile`) releases the slot when
+# dV's and dK's wgmma are done instead of after dQ's. At head dim 256, whose ring has one slot (ncu put 31% of all
+# stall samples on the compute warps' wait for Q_i and dO_i, results/attention/hd256_profile/), both together ran
+# 1.24-1.53x the backward without them at 1K-16K, causal and not, and 1.02-1.14x cuDNN's; at 128 0.97-1.03x and at
+# 64 (STATS_AHEAD alone) 0.97-1.02x, so not there (one H100, results/attention/gluon_bwd_early_release/bench_hd*).
+BWD_STATS_AHEAD_HEAD_DIMS: tuple = (256,)
+BWD_EARLY_RELEASE_HEAD_DIMS: tuple = (256,)
 # `_bwd_compute`'s DQ_ATOMIC (same experiment): dQ added from registers by atomics, no shared dQ tile, so that head
-# dim 256's ring can take a second Q/dO slot
+# dim 256's ring can take a second Q/dO slot. The atomics cost 0.85-0.89x at 256 and 0.81-0.86x at 128; with the
+# extra slot (and both flags above) 1.00-1.05x at 256 against 1.24-1.53x without: not shipped.
 BWD_DQ_ATOMIC_HEAD_DIMS: tuple = ()
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
