@@ -746,9 +746,11 @@ BWD_DQ_ATOMIC_HEAD_DIMS: tuple = ()
 # (non-causal / causal), 1.27x at 2K causal, 1.13x / 1.01x at 512 (see MIN_SEQLEN for why 512 stays with them);
 # 1.27-1.39x from 4K (results/attention/gluon_bwd/ab_h100.txt). At head dim 256 (results/attention/gluon_bwd256/
 # check_h100.txt) forward+backward gains 1.06-1.09x non-causal from 512 and 1.19-1.26x causal from 1K; at 512 causal
-# it lost (0.87x: the Gluon launch's host time shows there), so causal starts at 1K.
+# it lost (0.87x: the Gluon launch's host time shows there). With STATS_AHEAD and EARLY_RELEASE the backward alone is
+# 1.30x / 1.33x the autotuned @triton.jit one at 512 (non-causal / causal; eager and from CUDA graphs alike,
+# results/attention/gluon_bwd_early_release/min_seqlen_hd256_h100.txt), so both start at 512.
 BWD_MIN_SEQLEN = {(64, False): 512, (64, True): 1024, (128, False): 1024, (128, True): 1024,
-                  (256, False): 512, (256, True): 1024}
+                  (256, False): 512, (256, True): 512}
 # Shortest sequences the backward takes with dropout, per (head dim, causal): `_bwd_split_kernel` (head dim 64), the
 # mask drawn as in the forward and kept transposed in shared memory. By count its Philox rounds are about a third of a
 # tile's five matmuls' SM cycles (about one in the forward), and the @triton.jit backward draws each mask twice. The

@@ -239,8 +239,8 @@ def test_gluon_backward_scope(as_if_sm90, monkeypatch):
 
 def test_gluon_backward_takes_head_dim_256_from_its_lengths(as_if_sm90):
     assert _bwd_why(*_qkv(1, 512, 512, 4, 4, 256)) is None
-    assert _bwd_why(*_qkv(1, 1024, 1024, 4, 4, 256), causal=True) is None
-    assert "below 1024 causal" in _bwd_why(*_qkv(1, 512, 512, 4, 4, 256), causal=True)
+    assert _bwd_why(*_qkv(1, 512, 512, 4, 4, 256), causal=True) is None
+    assert "below 512" in _bwd_why(*_qkv(1, 256, 256, 4, 4, 256), causal=True)
 
 
 def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkeypatch):
