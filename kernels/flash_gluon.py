@@ -732,7 +732,7 @@ BWD_STATS_AT_USE_HEAD_DIMS = (128,)
 # next tile's LSE and delta before the wait for this tile's slot, EARLY_RELEASE (`_bwd_tile`) releases the slot when
 # dV's and dK's wgmma are done instead of after dQ's. At head dim 256, whose ring has one slot (ncu put 31% of all
 # stall samples on the compute warps' wait for Q_i and dO_i, results/attention/hd256_profile/), both together ran
-# 1.24-1.53x the backward without them at 1K-16K, causal and not, and 1.02-1.14x cuDNN's; at 128 0.97-1.03x and at
+# 1.24-1.53x the backward without them at 1K-16K, causal and not, and 1.02-1.14x cuDNN's; at 128 0.96-1.03x and at
 # 64 (STATS_AHEAD alone) 0.97-1.02x, so not there (one H100, results/attention/gluon_bwd_early_release/bench_hd*).
 BWD_STATS_AHEAD_HEAD_DIMS: tuple = (256,)
 BWD_EARLY_RELEASE_HEAD_DIMS: tuple = (256,)
