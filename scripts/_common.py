@@ -232,10 +232,15 @@ def run_row(cmd: list[str], name: str, timeout: float) -> dict:
     return row
 
 
+def every_row_failed(rows: list[dict]) -> bool:
+    """Whether every row (there is at least one) failed for a reason other than running out of memory (a missing
+    package, a broken checkout): a table of such rows would overwrite a good result with nothing."""
+    return bool(rows) and all("error" in r and not r.get("oom") for r in rows)
+
+
 def require_some_rows(rows: list[dict]) -> None:
-    """Stop before writing a table in which every row failed for a reason other than running out of
-    memory (a missing package, a broken checkout): such a run would overwrite a good result with nothing."""
-    if rows and all("error" in r and not r.get("oom") for r in rows):
+    """Stop before writing a table in which every row failed (`every_row_failed`)."""
+    if every_row_failed(rows):
         first = rows[0]["error"].strip().splitlines()[-1] if rows[0]["error"].strip() else "?"
         raise SystemExit(f"every row failed, nothing written (first row: {first})")
 

@@ -25,8 +25,9 @@ import argparse
 import json
 import sys
 
-from _common import (LoopTimer, compose_config, markdown_header, ours_row_overrides, profile_markdown, rel, rel_arg,
-                     repo_path, repo_root, run_metadata, run_row, step_profiler, step_timer)
+from _common import (LoopTimer, compose_config, every_row_failed, markdown_header, ours_row_overrides,
+                     profile_markdown, rel, rel_arg, repo_path, repo_root, require_some_rows, run_metadata, run_row,
+                     step_profiler, step_timer)
 
 repo_root()
 
@@ -167,8 +168,11 @@ def main():
                "--data-dir", args.data_dir, "--data-source", args.data_source, "--workdir", args.workdir,
                "--profile", str(args.profile)]
         rows.append(run_row(cmd, name, args.row_timeout))
-        # Written after every row: a run cut short (a device call's time limit) keeps the rows it finished.
-        md = write_tables(args, env, rows)
+        # Written after every row: a run cut short (a device call's time limit) keeps the rows it finished. Not while
+        # every row so far failed, so that a broken run leaves the committed tables as they were.
+        if not every_row_failed(rows):
+            md = write_tables(args, env, rows)
+    require_some_rows(rows)
     print("\n".join(md))
 
 

@@ -198,3 +198,28 @@ def test_attention_table_adds_graphed_ratios_only_when_measured():
     assert "| 5.00, 5.00 | 2.00 / 1.50 |" in md
     header, rule = [line for line in md.splitlines() if line.startswith("| seqlen") or line.startswith("|---")][:2]
     assert header.count("|") == rule.count("|")
+
+
+def test_training_bench_keeps_the_committed_tables_while_every_row_fails(tmp_path, monkeypatch):
+    """bench_training writes its tables after each row, but not while every row so far failed: a run whose rows all
+    fail (a missing package on the device) stops with the reason and leaves the tables it would overwrite alone."""
+    import bench_training
+
+    out = tmp_path / "training"
+    out.mkdir()
+    (out / "bench_training.md").write_text("the committed table\n")
+    results = {"hf-eager": {"row": "hf-eager", "error": "Traceback ...\nModuleNotFoundError: No module named 'hydra'"},
+               "hf-sdpa": {"row": "hf-sdpa", "tokens_per_s": 1000.0, "step_ms": 16.4, "peak_mem_gib": 2.0,
+                           "loss": 9.5}}
+    monkeypatch.setattr(bench_training, "run_row", lambda cmd, name, timeout: dict(results[name]))
+    argv = ["bench_training.py", "--data-source", "corpus", "--data-dir", str(tmp_path), "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv + ["--rows", "hf-eager"])
+    with pytest.raises(SystemExit, match="every row failed.*No module named 'hydra'"):
+        bench_training.main()
+    assert (out / "bench_training.md").read_text() == "the committed table\n"
+    assert not (out / "bench_training.json").exists()
+    monkeypatch.setattr(sys, "argv", argv + ["--rows", "hf-eager,hf-sdpa"])
+    bench_training.main()
+    table = (out / "bench_training.md").read_text()
+    assert "| hf-eager | failed: ModuleNotFoundError: No module named 'hydra' |" in table
+    assert "| hf-sdpa | 1,000 | 16.4 | 1.00x |" in table
