@@ -118,7 +118,7 @@ def bench(head_dims, seqlens, rounds):
         print(f"head dim {head_dim} seqlen {seqlen} causal {causal:d}: {alternating_rounds(fns, rounds)}", flush=True)
 
 
-if __name__ == "__main__":
+def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["compile", "check", "bench"])
     ap.add_argument("--head-dims", type=int, nargs="+", default=[256, 128])
@@ -128,3 +128,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     {"compile": lambda: compile_report(a.head_dims), "check": lambda: check(a.head_dims, a.only_shipped),
      "bench": lambda: bench(a.head_dims, a.seqlens, a.rounds)}[a.mode]()
+
+
+if __name__ == "__main__":
+    main()
