@@ -938,7 +938,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                  qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
                  SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr, EARLY_RELEASE: gl.constexpr,
-                 DQ_ATOMIC: gl.constexpr, JOINT_RELEASE: gl.constexpr):
+                 DQ_ATOMIC: gl.constexpr):
     # one K/V buffer, key blocks one after another (`_bwd_kernel`). DQ_ATOMIC: each tile's dQ is added to the float32
     # buffer DQA from registers (relaxed atomic adds, REDG in SASS) instead of through dq_smem and the dQ writer's TMA
     # reduce; the shared memory that frees holds a second Q/dO slot at head dim 256
@@ -972,7 +972,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                                          lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init,
                                          dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT,
                                          STATS_AT_USE, empty.index(slot), EARLY_RELEASE)
-                if not EARLY_RELEASE and not JOINT_RELEASE:  # Q_i, dO_i, LSE_i and delta_i are read
+                if not EARLY_RELEASE:  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill the slot
                     mbarrier.arrive(empty.index(slot))
                 if DQ_ATOMIC:  # DQA is (batch * seqlen, nheads * HEAD_DIM), as dqa_desc views it
                     dq_row0 = DQA + (row0 + i * BLOCK_M).to(gl.int64) * (nheads * HEAD_DIM) + col
@@ -984,8 +984,6 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                     dq_smem.index(s).store(dq)
                     fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
                     mbarrier.arrive(dq_full.index(s))
-                    if JOINT_RELEASE:
-                        mbarrier.arrive(empty.index(slot))
                 g += 1
 
             # dK (times the softmax scale) and dV out by TMA through this key block's K and V buffers
@@ -1006,8 +1004,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
                 STATS_AT_USE: gl.constexpr = False, STATS_AHEAD: gl.constexpr = False,
-                EARLY_RELEASE: gl.constexpr = False, DQ_ATOMIC: gl.constexpr = False,
-                JOINT_RELEASE: gl.constexpr = False):
+                EARLY_RELEASE: gl.constexpr = False, DQ_ATOMIC: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller, and DQA its pointer (DQ_ATOMIC).
     # LSE, DELTA: (batch, nheads, seqlen).
@@ -1056,7 +1053,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
                         delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, DQA, n_n, n_bh, nheads,
                         seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                        IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE, DQ_ATOMIC, JOINT_RELEASE)),
+                        IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE, DQ_ATOMIC)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, STATS_AHEAD)),
