@@ -116,13 +116,18 @@ FWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 4096}
 # 0.75-0.83x cuDNN's forward to 0.95-1.11x; head dim 128 (3 stages) 0.98-1.01x, head dim 64 non-causal 0.97-1.00x,
 # causal 1.00-1.02x. So only head dim 256.
 FWD_K_AHEAD = {(256, False), (256, True)}
+# (head dim, causal) whose consumers run SERIAL rounds (`_consumer`): S(j), its softmax, then P(j) V(j) waited for,
+# the overlap left to the two consumers' turns, so that head dim 256 can take cuDNN's 128-key tiles without spilling
+# in the key loop (FWD_TILES then (128, 128, 1, 1)). Prepared in session 46, not yet run on a GPU
+# (results/attention/gluon_fwd_serial/).
+FWD_SERIAL: set = set()
 
 
 def fwd_forms(head_dim: int, causal: bool) -> dict:
-    """The forward kernel's form constexprs at (head dim, causal), from the five sets above."""
+    """The forward kernel's form constexprs at (head dim, causal), from the six sets above."""
     return dict(EXP_TURNS=(head_dim, causal) in FWD_EXP_TURNS, KEYS_DOWN=(head_dim, causal) in FWD_KEYS_DOWN,
                 NAMED_TURNS=(head_dim, causal) in FWD_NAMED_TURNS, MASK_REL=(head_dim, causal) in FWD_MASK_REL,
-                K_AHEAD=(head_dim, causal) in FWD_K_AHEAD)
+                K_AHEAD=(head_dim, causal) in FWD_K_AHEAD, SERIAL=(head_dim, causal) in FWD_SERIAL)
 
 
 def fwd_persistent(head_dim: int, seqlen: int, causal: bool) -> bool:
@@ -311,10 +316,12 @@ def _fwd_item(bh, pid_m, nheads, group, seqlen, BLOCK_M: gl.constexpr, BLOCK_N: 
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, k_empty,
             n_m, n_bh, nheads, group, seqlen, head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-            PAIRED: gl.constexpr, KEYS_DOWN: gl.constexpr = False, K_AHEAD: gl.constexpr = False):
+            PAIRED: gl.constexpr, KEYS_DOWN: gl.constexpr = False, K_AHEAD: gl.constexpr = False,
+            SERIAL: gl.constexpr = False):
     """Per item: Q's two halves into Q buffer it % Q_BUFFERS once its last item's O has left it, then the item's
     K and V tiles into the ring, which runs on from item to item. K_AHEAD (`_consumer`): a K slot waits on k_empty
-    (both consumers' S done with it), a V slot on kv_empty, and K(j) is loaded before V(j - 1)."""
+    (both consumers' S done with it), a V slot on kv_empty, and K(j) is loaded before V(j - 1); with SERIAL (whose
+    consumers need V(j) right after S(j)'s softmax) V(j) right after K(j)."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
     Q_BYTES: gl.constexpr = SUB_M * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
@@ -335,7 +342,10 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
             for j in range(n_tiles):
                 slot = g % STAGES
                 kt = n_tiles - 1 - j if KEYS_DOWN else j  # the key tile this round reads
-                if K_AHEAD:
+                if SERIAL:  # K(j), then V(j), each slot refilled once both consumers released its own tile
+                    _ring_load(k_desc, kv_row0 + kt * BLOCK_N, kv_col, k_empty, k_ready, k_smem, g, STAGES, KV_BYTES)
+                    _ring_load(v_desc, kv_row0 + kt * BLOCK_N, kv_col, kv_empty, v_ready, v_smem, g, STAGES, KV_BYTES)
+                elif K_AHEAD:
                     _ring_load(k_desc, kv_row0 + kt * BLOCK_N, kv_col, k_empty, k_ready, k_smem, g, STAGES, KV_BYTES)
                     if j > 0:  # V(j - 1), behind K(j)
                         _ring_load(v_desc, kv_row0 + (kt + 1 if KEYS_DOWN else kt - 1) * BLOCK_N, kv_col, kv_empty,
@@ -349,7 +359,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
                     tma.async_copy_global_to_shared(v_desc, [kv_row0 + kt * BLOCK_N, kv_col], v_ready.index(slot),
                                                     v_smem.index(slot))
                 g += 1
-            if K_AHEAD:  # the item's last V
+            if K_AHEAD and not SERIAL:  # the item's last V
                 kt_last = 0 if KEYS_DOWN else n_tiles - 1
                 _ring_load(v_desc, kv_row0 + kt_last * BLOCK_N, kv_col, kv_empty, v_ready, v_smem, g - 1, STAGES,
                            KV_BYTES)
@@ -373,7 +383,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
               KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False, MASK_REL: gl.constexpr = False,
-              HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False):
+              HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False, SERIAL: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -383,7 +393,9 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     loop's rounds are unmasked at compile time (FlashAttention-3's order). NAMED_TURNS (FWD_NAMED_TURNS): the turns
     through hardware named barriers instead of mbarriers. MASK_REL (FWD_MASK_REL): the diagonal tile's mask against the
     tile's own column index. K_AHEAD (FWD_K_AHEAD): K's slot is released (k_empty) as soon as this consumer's S is
-    done with it, not after the round's P V, so the loader refills it a round earlier. HAS_DROPOUT: P's dropped
+    done with it, not after the round's P V, so the loader refills it a round earlier. SERIAL (with K_AHEAD): no
+    overlap inside a consumer, S(j + 1) is issued after P(j) V(j) is done, so S(j + 1), P(j) and O are never live
+    together: room for 128-key tiles at head dim 256; the overlap is the two consumers' turns alone. HAS_DROPOUT: P's dropped
     scores are left out of O but kept in the row sums, as kernels.flash's forward does, with its mask
     (kernels/gluon_dropout.py), and O is scaled by drop_scale."""
     SUB_M: gl.constexpr = BLOCK_M // 2
@@ -421,74 +433,99 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             acc = gl.zeros([SUB_M, HEAD_DIM], gl.float32, layout=o_layout)
             mbarrier.wait(q_ready.index(qi), (it // Q_BUFFERS) & 1)
 
-            # round 0: S(0) alone
-            slot = g % STAGES
-            mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
-            if not EXP_TURNS:
-                _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
-                tc += 1
-            s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-            if not EXP_TURNS:
-                _turn_pass(other_turn, W, NAMED_TURNS)
-            s = warpgroup_mma_wait(0, (s_tok,))
-            if K_AHEAD:
-                mbarrier.arrive(k_empty.index(slot))
-            kt0 = n_tiles - 1 if KEYS_DOWN else 0
-            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
-                                               s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
-                                               NAMED_TURNS, MASK_REL)
-            if EXP_TURNS:
-                tc += 1
-            if HAS_DROPOUT:
-                p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, s_layout, SUB_M,
-                                       BLOCK_N, 4), p, 0.0)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-            # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
-            for j in range(1, n_tiles):
-                gj = g + j
-                slot = gj % STAGES
-                prev = (gj - 1) % STAGES
-                mbarrier.wait(k_ready.index(slot), (gj // STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((gj - 1) // STAGES) & 1)
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            if SERIAL:  # per round S(j), its softmax, then P(j) V(j); each matmul issued in a turn of its own
+                for j in range(n_tiles):
+                    gj = g + j
+                    slot = gj % STAGES
+                    mbarrier.wait(k_ready.index(slot), (gj // STAGES) & 1)
+                    _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
+                    tc += 1
+                    s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False,
+                                          is_async=True)
+                    _turn_pass(other_turn, W, NAMED_TURNS)
+                    s = warpgroup_mma_wait(0, (s_tok,))
+                    mbarrier.arrive(k_empty.index(slot))  # K_AHEAD's release: S is done with K(j)
+                    kt = n_tiles - 1 - j if KEYS_DOWN else j
+                    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
+                                                       IS_CAUSAL, s_layout, my_turn, other_turn, tc & 1, False, W,
+                                                       NAMED_TURNS, MASK_REL)
+                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                    mbarrier.wait(v_ready.index(slot), (gj // STAGES) & 1)
+                    _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
+                    tc += 1
+                    acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
+                    _turn_pass(other_turn, W, NAMED_TURNS)
+                    acc = warpgroup_mma_wait(0, (acc_tok,))
+                    mbarrier.arrive(kv_empty.index(slot))
+            else:
+                # round 0: S(0) alone
+                slot = g % STAGES
+                mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
                 if not EXP_TURNS:
                     _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
                     tc += 1
                 s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 if not EXP_TURNS:
                     _turn_pass(other_turn, W, NAMED_TURNS)
-                s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
+                s = warpgroup_mma_wait(0, (s_tok,))
                 if K_AHEAD:
                     mbarrier.arrive(k_empty.index(slot))
-                kt = n_tiles - 1 - j if KEYS_DOWN else j
-                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
-                                                   LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
+                kt0 = n_tiles - 1 if KEYS_DOWN else 0
+                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
+                                                   s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
                                                    NAMED_TURNS, MASK_REL)
                 if EXP_TURNS:
                     tc += 1
-                if HAS_DROPOUT:  # drawn while P(j-1) V(j-1) runs
-                    p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                if HAS_DROPOUT:
+                    p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, s_layout, SUB_M,
                                            BLOCK_N, 4), p, 0.0)
-                acc = warpgroup_mma_wait(0, (acc_tok,))
-                mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's V (and K)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-            # round n: P(n-1) V(n-1)
-            glast = g + n_tiles - 1
-            last = glast % STAGES
-            mbarrier.wait(v_ready.index(last), (glast // STAGES) & 1)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            if not EXP_TURNS:
-                _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
-                tc += 1
-            acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-            if not EXP_TURNS:
-                _turn_pass(other_turn, W, NAMED_TURNS)
-            acc = warpgroup_mma_wait(0, (acc_tok,))
-            mbarrier.arrive(kv_empty.index(last))
+                # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
+                for j in range(1, n_tiles):
+                    gj = g + j
+                    slot = gj % STAGES
+                    prev = (gj - 1) % STAGES
+                    mbarrier.wait(k_ready.index(slot), (gj // STAGES) & 1)
+                    mbarrier.wait(v_ready.index(prev), ((gj - 1) // STAGES) & 1)
+                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                    if not EXP_TURNS:
+                        _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
+                        tc += 1
+                    s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+                    acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                    if not EXP_TURNS:
+                        _turn_pass(other_turn, W, NAMED_TURNS)
+                    s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
+                    if K_AHEAD:
+                        mbarrier.arrive(k_empty.index(slot))
+                    kt = n_tiles - 1 - j if KEYS_DOWN else j
+                    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
+                                                       LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
+                                                       NAMED_TURNS, MASK_REL)
+                    if EXP_TURNS:
+                        tc += 1
+                    if HAS_DROPOUT:  # drawn while P(j-1) V(j-1) runs
+                        p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                                               BLOCK_N, 4), p, 0.0)
+                    acc = warpgroup_mma_wait(0, (acc_tok,))
+                    mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's V (and K)
+                    p_op = gl.convert_layout(p.to(dtype), p_layout)
 
+                # round n: P(n-1) V(n-1)
+                glast = g + n_tiles - 1
+                last = glast % STAGES
+                mbarrier.wait(v_ready.index(last), (glast // STAGES) & 1)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                if not EXP_TURNS:
+                    _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
+                    tc += 1
+                acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                if not EXP_TURNS:
+                    _turn_pass(other_turn, W, NAMED_TURNS)
+                acc = warpgroup_mma_wait(0, (acc_tok,))
+                mbarrier.arrive(kv_empty.index(last))
             if HAS_DROPOUT:
                 acc = acc * gl.convert_layout(drop_scale / l_i, gl.SliceLayout(1, o_layout))[:, None]
             else:
@@ -509,7 +546,8 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False,
-                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False):
+                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False,
+                SERIAL: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM. SEED: the dropout seed (any pointer without dropout), beside LSE because
@@ -544,6 +582,8 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
     # descending, a tile narrower than the query tile could be all masked for a consumer's rows on its first round:
     # a row max of -inf, and NaN after it
     gl.static_assert(not KEYS_DOWN or BLOCK_N == BLOCK_M, "KEYS_DOWN needs BLOCK_N == BLOCK_M")
+    gl.static_assert(not SERIAL or (K_AHEAD and not EXP_TURNS and not HAS_DROPOUT),
+                     "SERIAL needs K_AHEAD's releases and takes neither EXP_TURNS nor dropout")
     mbarrier.arrive(turns.index(0))  # consumer 0 issues first
     fence_async_shared()
     # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
@@ -552,14 +592,14 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
         (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       k_empty, turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh,
                       drop_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS,
-                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD)),
+                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD, SERIAL)),
         (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       k_empty, turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh,
                       drop_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS,
-                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD)),
+                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD, SERIAL)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                    k_empty, n_m, n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                   Q_BUFFERS, IS_CAUSAL, PAIRED, KEYS_DOWN, K_AHEAD))],
+                   Q_BUFFERS, IS_CAUSAL, PAIRED, KEYS_DOWN, K_AHEAD, SERIAL))],
         [4, 1], [CONSUMER_REGS, 24])
 
 
