@@ -768,6 +768,12 @@ BWD_SPLIT_KV_BUFFERS = 2
 # 1K-16K, causal and not; at 256 (no spill to save) 0.98-0.99x, so it reads them at the start there (one H100,
 # results/attention/gluon_bwd_stats_at_use/bench_h100.txt).
 BWD_STATS_AT_USE_HEAD_DIMS = (128,)
+# With STATS_AT_USE, LSE_i read before the tile's first wgmma are issued (`_bwd_tile`'s LSE_FIRST) and delta_i before
+# dP^T is waited for (DELTA_EARLY): ncu of head dim 128 put its compute warps' most-sampled instruction on the wait
+# for LSE_i's shared-memory load, issued while dP^T's wgmma reads shared memory. Prepared in session 46, not yet run
+# on a GPU (results/attention/gluon_bwd_lse_first/).
+BWD_LSE_FIRST_HEAD_DIMS: tuple = ()
+BWD_DELTA_EARLY_HEAD_DIMS: tuple = ()
 # The backward's Q/dO ring refill, started sooner (session 45): STATS_AHEAD (`_bwd_loader`, both kernels) reads the
 # next tile's LSE and delta before the wait for this tile's slot, EARLY_RELEASE (`_bwd_tile`) releases the slot when
 # dV's and dK's wgmma are done instead of after dQ's. At head dim 256, whose ring has one slot (ncu put 31% of all
@@ -917,7 +923,8 @@ def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seql
 def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, start_n, keys, qcols, st_init, dq_init,
               dv, dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr = False, release=None,
-              EARLY_RELEASE: gl.constexpr = False):
+              EARLY_RELEASE: gl.constexpr = False, LSE_FIRST: gl.constexpr = False,
+              DELTA_EARLY: gl.constexpr = False):
     """One query tile i against this program's keys: the five wgmma and the softmax between them. lse_s, delta_s:
     (1, BLOCK_M) shared-memory rows of LSE_i and delta_i, read straight into the scores' layout, at the tile's start,
     or with STATS_AT_USE (BWD_STATS_AT_USE_HEAD_DIMS) each where it is used, which frees their registers over the
@@ -926,26 +933,30 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
     dS^T's columns, and every row of dV and dK needs all of them, so both go through shared memory as the wgmma's
     A operand; otherwise each warp's rows of P^T and dS^T are its own rows of dV and dK, so they stay in registers.
     EARLY_RELEASE: the slot's barrier `release` is arrived once dV's and dK's wgmma are done, the last readers of Q_i
-    and dO_i, while dQ's runs (else the caller arrives it after the tile)."""
+    and dO_i, while dQ's runs (else the caller arrives it after the tile). With STATS_AT_USE, LSE_FIRST reads LSE_i
+    before the first wgmma are issued, and DELTA_EARLY reads delta_i as soon as P^T is computed."""
     dtype: gl.constexpr = q_s.dtype
     st_layout: gl.constexpr = st_init.type.layout
-    if not STATS_AT_USE:
+    if not STATS_AT_USE or LSE_FIRST:
         lse = lse_s.load(st_layout)
+    if not STATS_AT_USE:
         delta = delta_s.load(st_layout)
     st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     st = warpgroup_mma_wait(1, (st_tok,))
-    if STATS_AT_USE:
+    if STATS_AT_USE and not LSE_FIRST:
         lse = lse_s.load(st_layout)
     pt = gl.exp2(st * qk_scale - lse)
     if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
         if i * BLOCK_M < start_n + BLOCK_N:
             queries = i * BLOCK_M + qcols
             pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+    if STATS_AT_USE and DELTA_EARLY:  # in LSE's registers, while dP^T's wgmma runs
+        delta = delta_s.load(st_layout)
     if SPLIT:
         pt_smem.store(pt.to(dtype))
         dpt = warpgroup_mma_wait(0, (dpt_tok,))
-        if STATS_AT_USE:
+        if STATS_AT_USE and not DELTA_EARLY:
             delta = delta_s.load(st_layout)
         ds_smem.store((pt * (dpt - delta)).to(dtype))
         fence_async_shared()  # both warpgroups' halves, before the wgmma that read all of them
@@ -954,7 +965,7 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
     else:
         dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
-        if STATS_AT_USE:
+        if STATS_AT_USE and not DELTA_EARLY:
             delta = delta_s.load(st_layout)
         dst = (pt * (dpt - delta)).to(dtype)
         # dS^T's stores go before dK's wgmma is issued, so they are done by the fence that dQ's wgmma waits on:
@@ -978,7 +989,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                  qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
                  SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr, EARLY_RELEASE: gl.constexpr,
-                 DQ_ATOMIC: gl.constexpr):
+                 DQ_ATOMIC: gl.constexpr, LSE_FIRST: gl.constexpr, DELTA_EARLY: gl.constexpr):
     # one K/V buffer, key blocks one after another (`_bwd_kernel`). DQ_ATOMIC: each tile's dQ is added to the float32
     # buffer DQA from registers (relaxed atomic adds, REDG in SASS) instead of through dq_smem and the dQ writer's TMA
     # reduce; the shared memory that frees holds a second Q/dO slot at head dim 256
@@ -1011,7 +1022,8 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                 dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem,
                                          lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init,
                                          dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT,
-                                         STATS_AT_USE, empty.index(slot), EARLY_RELEASE)
+                                         STATS_AT_USE, empty.index(slot), EARLY_RELEASE, LSE_FIRST,
+                                         DELTA_EARLY)
                 if not EARLY_RELEASE:  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill the slot
                     mbarrier.arrive(empty.index(slot))
                 if DQ_ATOMIC:  # DQA is (batch * seqlen, nheads * HEAD_DIM), as dqa_desc views it
@@ -1044,7 +1056,8 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
                 STATS_AT_USE: gl.constexpr = False, STATS_AHEAD: gl.constexpr = False,
-                EARLY_RELEASE: gl.constexpr = False, DQ_ATOMIC: gl.constexpr = False):
+                EARLY_RELEASE: gl.constexpr = False, DQ_ATOMIC: gl.constexpr = False,
+                LSE_FIRST: gl.constexpr = False, DELTA_EARLY: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller, and DQA its pointer (DQ_ATOMIC).
     # LSE, DELTA: (batch, nheads, seqlen).
@@ -1093,7 +1106,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
                         delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, DQA, n_n, n_bh, nheads,
                         seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                        IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE, DQ_ATOMIC)),
+                        IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE, DQ_ATOMIC, LSE_FIRST, DELTA_EARLY)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, STATS_AHEAD)),
@@ -1366,5 +1379,7 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
                                              STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
                                              STATS_AHEAD=head_dim in BWD_STATS_AHEAD_HEAD_DIMS,
                                              EARLY_RELEASE=head_dim in BWD_EARLY_RELEASE_HEAD_DIMS,
-                                             DQ_ATOMIC=head_dim in BWD_DQ_ATOMIC_HEAD_DIMS))
+                                             DQ_ATOMIC=head_dim in BWD_DQ_ATOMIC_HEAD_DIMS,
+                                             LSE_FIRST=head_dim in BWD_LSE_FIRST_HEAD_DIMS,
+                                             DELTA_EARLY=head_dim in BWD_DELTA_EARLY_HEAD_DIMS))
     scale_cast(dqa, softmax_scale, dq)  # one pass over the float32 buffer
