@@ -1,6 +1,8 @@
 """Head dim 256, 512 tokens: forward+backward through flash_attn_func (autograd, the path the attention table times
 eagerly) with the Gluon backward from 512 causal (shipped) against from 1K (the @triton.jit backward at 512), five
-alternating rounds, eager (host included) and replayed from a CUDA graph. 32 x 512 tokens, 8 heads, bf16.
+alternating rounds, eager (host included) and replayed from a CUDA graph. 32 x 512 tokens, 8 heads, bf16. The eager
+calls accumulate into q, k and v's .grad (three adds the graphed replays, which clear .grad, do not run), the same in
+both forms.
 
     python results/attention/gluon_bwd_early_release/eager_512.py   # GPU (sm_90)
 """
