@@ -782,10 +782,9 @@ BWD_DELTA_EARLY_HEAD_DIMS: tuple = ()
 # 64 (STATS_AHEAD alone) 0.97-1.02x, so not there (one H100, results/attention/gluon_bwd_early_release/bench_hd*).
 BWD_STATS_AHEAD_HEAD_DIMS: tuple = (256,)
 BWD_EARLY_RELEASE_HEAD_DIMS: tuple = (256,)
-# `_bwd_compute`'s DQ_ATOMIC (same experiment): dQ added from registers by atomics, no shared dQ tile, so that head
-# dim 256's ring can take a second Q/dO slot. The atomics cost 0.85-0.89x at 256 and 0.81-0.86x at 128; with the
-# extra slot (and both flags above) 1.00-1.05x at 256 against 1.24-1.53x without: not shipped.
-BWD_DQ_ATOMIC_HEAD_DIMS: tuple = ()
+# The same experiment's DQ_ATOMIC (dQ added from registers by atomics, no shared dQ tile, so that head dim 256's ring
+# could take a second Q/dO slot) cost 0.85-0.89x at 256 and 0.81-0.86x at 128; with the extra slot (and both flags
+# above) 1.00-1.05x at 256 against 1.24-1.53x without. Not shipped, and removed after the run (it is at 385180e).
 # Shortest sequences it takes, per (head dim, causal): at head dim 128, in kernels/flash.py's backward with and
 # without it, every launch on the direct path (results/attention/launch_direct/short_h100.txt), 1.30x / 1.18x the
 # @triton.jit kernels at 1K
@@ -902,21 +901,20 @@ def _bwd_loader(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem
 @gluon.jit
 def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_STAGES: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, DQ_ATOMIC: gl.constexpr = False):
-    if not DQ_ATOMIC:  # else the compute warps add dQ themselves
-        g = 0
-        for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
-            bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
-            for half in range(count):
-                start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
-                                                                      seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
-                for i in range(lo, n_end):
-                    s = g % DQ_STAGES
-                    mbarrier.wait(dq_full.index(s), (g // DQ_STAGES) & 1)
-                    tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
-                    tma.store_wait(0)  # the TMA unit has read the slot
-                    mbarrier.arrive(dq_empty.index(s))
-                    g += 1
+                   IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    g = 0
+    for u in range(gl.program_id(0), _n_units(n_n, n_bh, PAIRED), gl.num_programs(0)):
+        bh, first, second, count = _work_unit(u, n_n, n_bh, head_group, PAIRED, False)
+        for half in range(count):
+            start_n, lo, n_end, row0, col, stat_base = _key_block(bh, gl.where(half == 0, first, second), nheads,
+                                                                  seqlen, BLOCK_M, BLOCK_N, HEAD_DIM, IS_CAUSAL)
+            for i in range(lo, n_end):
+                s = g % DQ_STAGES
+                mbarrier.wait(dq_full.index(s), (g // DQ_STAGES) & 1)
+                tma_reduce_add_shared(dqa_desc, [row0 + i * BLOCK_M, col], dq_smem.index(s))
+                tma.store_wait(0)  # the TMA unit has read the slot
+                mbarrier.arrive(dq_empty.index(s))
+                g += 1
 
 
 @gluon.jit
@@ -985,14 +983,12 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
 
 @gluon.jit
 def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem, delta_smem,
-                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, DQA, n_n, n_bh, nheads, seqlen, head_group,
+                 kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                  qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
                  SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr, EARLY_RELEASE: gl.constexpr,
-                 DQ_ATOMIC: gl.constexpr, LSE_FIRST: gl.constexpr, DELTA_EARLY: gl.constexpr):
-    # one K/V buffer, key blocks one after another (`_bwd_kernel`). DQ_ATOMIC: each tile's dQ is added to the float32
-    # buffer DQA from registers (relaxed atomic adds, REDG in SASS) instead of through dq_smem and the dQ writer's TMA
-    # reduce; the shared memory that frees holds a second Q/dO slot at head dim 256
+                 LSE_FIRST: gl.constexpr, DELTA_EARLY: gl.constexpr):
+    # one K/V buffer, key blocks one after another (`_bwd_kernel`)
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_acc_layout, k_width=2)
@@ -1000,9 +996,6 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
     qcols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     st_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dq_init = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
-    if DQ_ATOMIC:
-        dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
     it = 0
     g = 0
     for u in range(gl.program_id(0), _n_units(n_n, n_bh, False), gl.num_programs(0)):
@@ -1026,16 +1019,11 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                                          DELTA_EARLY)
                 if not EARLY_RELEASE:  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill the slot
                     mbarrier.arrive(empty.index(slot))
-                if DQ_ATOMIC:  # DQA is (batch * seqlen, nheads * HEAD_DIM), as dqa_desc views it
-                    dq_row0 = DQA + (row0 + i * BLOCK_M).to(gl.int64) * (nheads * HEAD_DIM) + col
-                    gl.atomic_add(dq_row0 + (dq_rows * (nheads * HEAD_DIM))[:, None] + dq_cols[None, :], dq,
-                                  sem="relaxed")
-                else:
-                    s = g % DQ_STAGES
-                    mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
-                    dq_smem.index(s).store(dq)
-                    fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
-                    mbarrier.arrive(dq_full.index(s))
+                s = g % DQ_STAGES
+                mbarrier.wait(dq_empty.index(s), ((g // DQ_STAGES) & 1) ^ 1)
+                dq_smem.index(s).store(dq)
+                fence_async_shared()  # the generic-proxy stores, before the TMA unit reads them
+                mbarrier.arrive(dq_full.index(s))
                 g += 1
 
             # dK (times the softmax scale) and dV out by TMA through this key block's K and V buffers
@@ -1050,16 +1038,15 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
 
 
 @gluon.jit
-def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, DQA, seqlen, nheads,
-                n_bh,
+def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen, nheads, n_bh,
                 qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
                 STATS_AT_USE: gl.constexpr = False, STATS_AHEAD: gl.constexpr = False,
-                EARLY_RELEASE: gl.constexpr = False, DQ_ATOMIC: gl.constexpr = False,
-                LSE_FIRST: gl.constexpr = False, DELTA_EARLY: gl.constexpr = False):
+                EARLY_RELEASE: gl.constexpr = False, LSE_FIRST: gl.constexpr = False,
+                DELTA_EARLY: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
-    # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller, and DQA its pointer (DQ_ATOMIC).
+    # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller.
     # LSE, DELTA: (batch, nheads, seqlen).
     # SEED, drop_thresh, drop_scale: `_bwd_split_kernel`'s dropout, which this kernel does not take (the launcher
     # passes both kernels one argument list)
@@ -1078,10 +1065,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         pt_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
     else:  # not read: P^T stays in registers
         pt_smem = ds_smem
-    if DQ_ATOMIC:  # not read: dQ goes from registers to DQA
-        dq_smem = ds_smem
-    else:
-        dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BLOCK_M, HEAD_DIM], dqa_desc.layout)
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], stats_layout)
@@ -1104,14 +1088,14 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
     # the argument tuples are written out in the call (a named tuple turns constexprs into tensors)
     gl.warp_specialize([
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
-                        delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, DQA, n_n, n_bh, nheads,
+                        delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads,
                         seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                        IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE, DQ_ATOMIC, LSE_FIRST, DELTA_EARLY)),
+                        IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE, LSE_FIRST, DELTA_EARLY)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, STATS_AHEAD)),
         (_bwd_dq_writer, (dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
-                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED, DQ_ATOMIC))],
+                          BLOCK_N, HEAD_DIM, DQ_STAGES, IS_CAUSAL, PAIRED))],
         [1, 1], [24, 24])
 
 
@@ -1243,7 +1227,7 @@ def _bwd_half(W: gl.constexpr, dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem
 
 
 @gluon.jit
-def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, DQA, seqlen,
+def _bwd_split_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE, DELTA, SEED, seqlen,
                       nheads, n_bh, qk_scale, sm_scale, head_group, drop_thresh, drop_scale, HEAD_DIM: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                       KV_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, ds_layout: gl.constexpr,
@@ -1366,7 +1350,7 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
     dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
     args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
-            lse, delta, seed_arg, dqa, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
+            lse, delta, seed_arg, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
             softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                   IS_CAUSAL=causal, ds_layout=lay["ds_layout"])
@@ -1379,7 +1363,6 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
                                              STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
                                              STATS_AHEAD=head_dim in BWD_STATS_AHEAD_HEAD_DIMS,
                                              EARLY_RELEASE=head_dim in BWD_EARLY_RELEASE_HEAD_DIMS,
-                                             DQ_ATOMIC=head_dim in BWD_DQ_ATOMIC_HEAD_DIMS,
                                              LSE_FIRST=head_dim in BWD_LSE_FIRST_HEAD_DIMS,
                                              DELTA_EARLY=head_dim in BWD_DELTA_EARLY_HEAD_DIMS))
     scale_cast(dqa, softmax_scale, dq)  # one pass over the float32 buffer

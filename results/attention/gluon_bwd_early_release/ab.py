@@ -30,20 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gluon_bwd_pp64"))
 from pp64_bwd import _inputs, _reference  # noqa: E402  (inputs and the float64 reference are pp64's)
 
 
-
 def forms(head_dim: int) -> dict:
     """name -> the backward kernel's constexprs. Each form names every flag, so the launcher's own choice
-    (BWD_STATS_AHEAD_HEAD_DIMS, ...) does not leak in. `atomic`: DQ_ATOMIC alone (what the atomic adds cost);
-    `atomic_N`: with the extra Q/dO slot its freed shared memory holds. At head dim 64 (`_bwd_split_kernel`, whose
-    ring has three slots) only STATS_AHEAD."""
+    (BWD_STATS_AHEAD_HEAD_DIMS, ...) does not leak in. At head dim 64 (`_bwd_split_kernel`, whose ring has three
+    slots) only STATS_AHEAD. The DQ_ATOMIC forms (`atomic`, `atomic_N`) ran at 385180e, whose kernel still had the
+    flag: `git show 385180e:results/attention/gluon_bwd_early_release/ab.py`."""
     if head_dim in G.BWD_SPLIT_HEAD_DIMS:
         return {"shipped": dict(STATS_AHEAD=False), "stats_ahead": dict(STATS_AHEAD=True)}
-    off = dict(STATS_AHEAD=False, EARLY_RELEASE=False, DQ_ATOMIC=False)
-    f = {"shipped": off, "stats_ahead": dict(off, STATS_AHEAD=True), "early_release": dict(off, EARLY_RELEASE=True),
-         "both": dict(off, STATS_AHEAD=True, EARLY_RELEASE=True), "atomic": dict(off, DQ_ATOMIC=True)}
-    stages = G.BWD_TILES[head_dim][2]
-    f[f"atomic_{stages + 1}"] = dict(STATS_AHEAD=True, EARLY_RELEASE=True, DQ_ATOMIC=True, STAGES=stages + 1)
-    return f
+    off = dict(STATS_AHEAD=False, EARLY_RELEASE=False)
+    return {"shipped": off, "stats_ahead": dict(off, STATS_AHEAD=True), "early_release": dict(off, EARLY_RELEASE=True),
+            "both": dict(STATS_AHEAD=True, EARLY_RELEASE=True)}
 
 
 def backwards(head_dim: int) -> dict:
