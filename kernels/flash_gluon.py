@@ -116,18 +116,13 @@ FWD_DROPOUT_MIN_SEQLEN = {(64, False): 1024, (64, True): 4096}
 # 0.75-0.83x cuDNN's forward to 0.95-1.11x; head dim 128 (3 stages) 0.98-1.01x, head dim 64 non-causal 0.97-1.00x,
 # causal 1.00-1.02x. So only head dim 256.
 FWD_K_AHEAD = {(256, False), (256, True)}
-# (head dim, causal) whose consumers run SERIAL rounds (`_consumer`): S(j), its softmax, then P(j) V(j) waited for,
-# the overlap left to the two consumers' turns, so that head dim 256 can take cuDNN's 128-key tiles without spilling
-# in the key loop (FWD_TILES then (128, 128, 1, 1)). Prepared in session 46, not yet run on a GPU
-# (results/attention/gluon_fwd_serial/).
-FWD_SERIAL: set = set()
 
 
 def fwd_forms(head_dim: int, causal: bool) -> dict:
-    """The forward kernel's form constexprs at (head dim, causal), from the six sets above."""
+    """The forward kernel's form constexprs at (head dim, causal), from the five sets above."""
     return dict(EXP_TURNS=(head_dim, causal) in FWD_EXP_TURNS, KEYS_DOWN=(head_dim, causal) in FWD_KEYS_DOWN,
                 NAMED_TURNS=(head_dim, causal) in FWD_NAMED_TURNS, MASK_REL=(head_dim, causal) in FWD_MASK_REL,
-                K_AHEAD=(head_dim, causal) in FWD_K_AHEAD, SERIAL=(head_dim, causal) in FWD_SERIAL)
+                K_AHEAD=(head_dim, causal) in FWD_K_AHEAD)
 
 
 def fwd_persistent(head_dim: int, seqlen: int, causal: bool) -> bool:
@@ -316,12 +311,10 @@ def _fwd_item(bh, pid_m, nheads, group, seqlen, BLOCK_M: gl.constexpr, BLOCK_N: 
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty, k_empty,
             n_m, n_bh, nheads, group, seqlen, head_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-            PAIRED: gl.constexpr, KEYS_DOWN: gl.constexpr = False, K_AHEAD: gl.constexpr = False,
-            SERIAL: gl.constexpr = False):
+            PAIRED: gl.constexpr, KEYS_DOWN: gl.constexpr = False, K_AHEAD: gl.constexpr = False):
     """Per item: Q's two halves into Q buffer it % Q_BUFFERS once its last item's O has left it, then the item's
     K and V tiles into the ring, which runs on from item to item. K_AHEAD (`_consumer`): a K slot waits on k_empty
-    (both consumers' S done with it), a V slot on kv_empty, and K(j) is loaded before V(j - 1); with SERIAL (whose
-    consumers need V(j) right after S(j)'s softmax) V(j) right after K(j)."""
+    (both consumers' S done with it), a V slot on kv_empty, and K(j) is loaded before V(j - 1)."""
     SUB_M: gl.constexpr = BLOCK_M // 2
     KV_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
     Q_BYTES: gl.constexpr = SUB_M * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
@@ -342,10 +335,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
             for j in range(n_tiles):
                 slot = g % STAGES
                 kt = n_tiles - 1 - j if KEYS_DOWN else j  # the key tile this round reads
-                if SERIAL:  # K(j), then V(j), each slot refilled once both consumers released its own tile
-                    _ring_load(k_desc, kv_row0 + kt * BLOCK_N, kv_col, k_empty, k_ready, k_smem, g, STAGES, KV_BYTES)
-                    _ring_load(v_desc, kv_row0 + kt * BLOCK_N, kv_col, kv_empty, v_ready, v_smem, g, STAGES, KV_BYTES)
-                elif K_AHEAD:
+                if K_AHEAD:
                     _ring_load(k_desc, kv_row0 + kt * BLOCK_N, kv_col, k_empty, k_ready, k_smem, g, STAGES, KV_BYTES)
                     if j > 0:  # V(j - 1), behind K(j)
                         _ring_load(v_desc, kv_row0 + (kt + 1 if KEYS_DOWN else kt - 1) * BLOCK_N, kv_col, kv_empty,
@@ -359,7 +349,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_
                     tma.async_copy_global_to_shared(v_desc, [kv_row0 + kt * BLOCK_N, kv_col], v_ready.index(slot),
                                                     v_smem.index(slot))
                 g += 1
-            if K_AHEAD and not SERIAL:  # the item's last V
+            if K_AHEAD:  # the item's last V
                 kt_last = 0 if KEYS_DOWN else n_tiles - 1
                 _ring_load(v_desc, kv_row0 + kt_last * BLOCK_N, kv_col, kv_empty, v_ready, v_smem, g - 1, STAGES,
                            KV_BYTES)
@@ -383,7 +373,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
               IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, EXP_TURNS: gl.constexpr = False,
               KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False, MASK_REL: gl.constexpr = False,
-              HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False, SERIAL: gl.constexpr = False):
+              HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False):
     """Query rows start_m + W * 64 .. +63 of every item of this program: per key tile j, S(j) and P(j-1) V(j-1)
     issued in this consumer's turn, then the softmax of S(j) while the other consumer issues. Ring slots, turns and
     Q buffers are counted across items, so the next item's first S follows this one's epilogue at once.
@@ -393,9 +383,7 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
     loop's rounds are unmasked at compile time (FlashAttention-3's order). NAMED_TURNS (FWD_NAMED_TURNS): the turns
     through hardware named barriers instead of mbarriers. MASK_REL (FWD_MASK_REL): the diagonal tile's mask against the
     tile's own column index. K_AHEAD (FWD_K_AHEAD): K's slot is released (k_empty) as soon as this consumer's S is
-    done with it, not after the round's P V, so the loader refills it a round earlier. SERIAL (with K_AHEAD): no
-    overlap inside a consumer, S(j + 1) is issued after P(j) V(j) is done, so S(j + 1), P(j) and O are never live
-    together: room for 128-key tiles at head dim 256; the overlap is the two consumers' turns alone. HAS_DROPOUT: P's dropped
+    done with it, not after the round's P V, so the loader refills it a round earlier. HAS_DROPOUT: P's dropped
     scores are left out of O but kept in the row sums, as kernels.flash's forward does, with its mask
     (kernels/gluon_dropout.py), and O is scaled by drop_scale."""
     SUB_M: gl.constexpr = BLOCK_M // 2
@@ -433,99 +421,74 @@ def _consumer(W: gl.constexpr, o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_e
             acc = gl.zeros([SUB_M, HEAD_DIM], gl.float32, layout=o_layout)
             mbarrier.wait(q_ready.index(qi), (it // Q_BUFFERS) & 1)
 
-            if SERIAL:  # per round S(j), its softmax, then P(j) V(j); each matmul issued in a turn of its own
-                for j in range(n_tiles):
-                    gj = g + j
-                    slot = gj % STAGES
-                    mbarrier.wait(k_ready.index(slot), (gj // STAGES) & 1)
-                    _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
-                    tc += 1
-                    s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False,
-                                          is_async=True)
-                    _turn_pass(other_turn, W, NAMED_TURNS)
-                    s = warpgroup_mma_wait(0, (s_tok,))
-                    mbarrier.arrive(k_empty.index(slot))  # K_AHEAD's release: S is done with K(j)
-                    kt = n_tiles - 1 - j if KEYS_DOWN else j
-                    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
-                                                       IS_CAUSAL, s_layout, my_turn, other_turn, tc & 1, False, W,
-                                                       NAMED_TURNS, MASK_REL)
-                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                    p_op = gl.convert_layout(p.to(dtype), p_layout)
-                    mbarrier.wait(v_ready.index(slot), (gj // STAGES) & 1)
-                    _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
-                    tc += 1
-                    acc_tok = warpgroup_mma(p_op, v_smem.index(slot), acc, is_async=True)
-                    _turn_pass(other_turn, W, NAMED_TURNS)
-                    acc = warpgroup_mma_wait(0, (acc_tok,))
-                    mbarrier.arrive(kv_empty.index(slot))
-            else:
-                # round 0: S(0) alone
-                slot = g % STAGES
-                mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
-                if not EXP_TURNS:
-                    _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
-                    tc += 1
-                s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-                if not EXP_TURNS:
-                    _turn_pass(other_turn, W, NAMED_TURNS)
-                s = warpgroup_mma_wait(0, (s_tok,))
-                if K_AHEAD:
-                    mbarrier.arrive(k_empty.index(slot))
-                kt0 = n_tiles - 1 if KEYS_DOWN else 0
-                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
-                                                   s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
-                                                   NAMED_TURNS, MASK_REL)
-                if EXP_TURNS:
-                    tc += 1
-                if HAS_DROPOUT:
-                    p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, s_layout, SUB_M,
-                                           BLOCK_N, 4), p, 0.0)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            # round 0: S(0) alone
+            slot = g % STAGES
+            mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
+            if not EXP_TURNS:
+                _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
+                tc += 1
+            s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+            if not EXP_TURNS:
+                _turn_pass(other_turn, W, NAMED_TURNS)
+            s = warpgroup_mma_wait(0, (s_tok,))
+            if K_AHEAD:
+                mbarrier.arrive(k_empty.index(slot))
+            kt0 = n_tiles - 1 if KEYS_DOWN else 0
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt0 * BLOCK_N, rows, kt0 >= n_full, IS_CAUSAL,
+                                               s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
+                                               NAMED_TURNS, MASK_REL)
+            if EXP_TURNS:
+                tc += 1
+            if HAS_DROPOUT:
+                p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt0 * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                                       BLOCK_N, 4), p, 0.0)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-                # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
-                for j in range(1, n_tiles):
-                    gj = g + j
-                    slot = gj % STAGES
-                    prev = (gj - 1) % STAGES
-                    mbarrier.wait(k_ready.index(slot), (gj // STAGES) & 1)
-                    mbarrier.wait(v_ready.index(prev), ((gj - 1) // STAGES) & 1)
-                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                    if not EXP_TURNS:
-                        _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
-                        tc += 1
-                    s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-                    acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                    if not EXP_TURNS:
-                        _turn_pass(other_turn, W, NAMED_TURNS)
-                    s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
-                    if K_AHEAD:
-                        mbarrier.arrive(k_empty.index(slot))
-                    kt = n_tiles - 1 - j if KEYS_DOWN else j
-                    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
-                                                       LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
-                                                       NAMED_TURNS, MASK_REL)
-                    if EXP_TURNS:
-                        tc += 1
-                    if HAS_DROPOUT:  # drawn while P(j-1) V(j-1) runs
-                        p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
-                                               BLOCK_N, 4), p, 0.0)
-                    acc = warpgroup_mma_wait(0, (acc_tok,))
-                    mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's V (and K)
-                    p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-                # round n: P(n-1) V(n-1)
-                glast = g + n_tiles - 1
-                last = glast % STAGES
-                mbarrier.wait(v_ready.index(last), (glast // STAGES) & 1)
+            # rounds 1 .. n-1: S(j) and P(j-1) V(j-1)
+            for j in range(1, n_tiles):
+                gj = g + j
+                slot = gj % STAGES
+                prev = (gj - 1) % STAGES
+                mbarrier.wait(k_ready.index(slot), (gj // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((gj - 1) // STAGES) & 1)
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
                 if not EXP_TURNS:
                     _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
                     tc += 1
-                acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+                s_tok = warpgroup_mma(my_q, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 if not EXP_TURNS:
                     _turn_pass(other_turn, W, NAMED_TURNS)
+                s = warpgroup_mma_wait(1, (s_tok,))  # S(j) was issued first, so it is the one done
+                if K_AHEAD:
+                    mbarrier.arrive(k_empty.index(slot))
+                kt = n_tiles - 1 - j if KEYS_DOWN else j
+                p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale, kt * BLOCK_N, rows, kt >= n_full,
+                                                   LOOP_MAY_MASK, s_layout, my_turn, other_turn, tc & 1, EXP_TURNS, W,
+                                                   NAMED_TURNS, MASK_REL)
+                if EXP_TURNS:
+                    tc += 1
+                if HAS_DROPOUT:  # drawn while P(j-1) V(j-1) runs
+                    p = gl.where(keep_rows(seed, bh, start_m + W * SUB_M, kt * BLOCK_N, drop_thresh, s_layout, SUB_M,
+                                           BLOCK_N, 4), p, 0.0)
                 acc = warpgroup_mma_wait(0, (acc_tok,))
-                mbarrier.arrive(kv_empty.index(last))
+                mbarrier.arrive(kv_empty.index(prev))  # this consumer is done with tile j-1's V (and K)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+            # round n: P(n-1) V(n-1)
+            glast = g + n_tiles - 1
+            last = glast % STAGES
+            mbarrier.wait(v_ready.index(last), (glast // STAGES) & 1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            if not EXP_TURNS:
+                _turn_wait(my_turn, tc & 1, W, NAMED_TURNS)
+                tc += 1
+            acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+            if not EXP_TURNS:
+                _turn_pass(other_turn, W, NAMED_TURNS)
+            acc = warpgroup_mma_wait(0, (acc_tok,))
+            mbarrier.arrive(kv_empty.index(last))
+
             if HAS_DROPOUT:
                 acc = acc * gl.convert_layout(drop_scale / l_i, gl.SliceLayout(1, o_layout))[:, None]
             else:
@@ -546,8 +509,7 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 Q_BUFFERS: gl.constexpr, IS_CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                 EXP_TURNS: gl.constexpr = False, KEYS_DOWN: gl.constexpr = False, NAMED_TURNS: gl.constexpr = False,
-                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False,
-                SERIAL: gl.constexpr = False):
+                MASK_REL: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False, K_AHEAD: gl.constexpr = False):
     # q_desc, o_desc: tiles of BLOCK_M // 2 query rows, k_desc, v_desc of BLOCK_N keys (`head_tiles`). Each program
     # runs work units pid, pid + programs, ... (`_work_unit`): one a program on a grid of every unit, or many on a
     # persistent grid of one program a SM. SEED: the dropout seed (any pointer without dropout), beside LSE because
@@ -582,8 +544,6 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
     # descending, a tile narrower than the query tile could be all masked for a consumer's rows on its first round:
     # a row max of -inf, and NaN after it
     gl.static_assert(not KEYS_DOWN or BLOCK_N == BLOCK_M, "KEYS_DOWN needs BLOCK_N == BLOCK_M")
-    gl.static_assert(not SERIAL or (K_AHEAD and not EXP_TURNS and not HAS_DROPOUT),
-                     "SERIAL needs K_AHEAD's releases and takes neither EXP_TURNS nor dropout")
     mbarrier.arrive(turns.index(0))  # consumer 0 issues first
     fence_async_shared()
     # the argument tuples are written out in the call: a tuple first bound to a name turns its constexprs into
@@ -592,14 +552,14 @@ def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, SEED, seqlen, nheads, n_bh,
         (_consumer, (gl.constexpr(0), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       k_empty, turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh,
                       drop_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS,
-                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD, SERIAL)),
+                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD)),
         (_consumer, (gl.constexpr(1), o_desc, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                       k_empty, turns, n_m, n_bh, nheads, group, seqlen, head_group, qk_scale, SEED, drop_thresh,
                       drop_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, Q_BUFFERS, IS_CAUSAL, PAIRED, EXP_TURNS,
-                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD, SERIAL)),
+                      KEYS_DOWN, NAMED_TURNS, MASK_REL, HAS_DROPOUT, K_AHEAD)),
         (_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, kv_empty,
                    k_empty, n_m, n_bh, nheads, group, seqlen, head_group, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                   Q_BUFFERS, IS_CAUSAL, PAIRED, KEYS_DOWN, K_AHEAD, SERIAL))],
+                   Q_BUFFERS, IS_CAUSAL, PAIRED, KEYS_DOWN, K_AHEAD))],
         [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -768,12 +728,6 @@ BWD_SPLIT_KV_BUFFERS = 2
 # 1K-16K, causal and not; at 256 (no spill to save) 0.98-0.99x, so it reads them at the start there (one H100,
 # results/attention/gluon_bwd_stats_at_use/bench_h100.txt).
 BWD_STATS_AT_USE_HEAD_DIMS = (128,)
-# With STATS_AT_USE, LSE_i read before the tile's first wgmma are issued (`_bwd_tile`'s LSE_FIRST) and delta_i before
-# dP^T is waited for (DELTA_EARLY): ncu of head dim 128 put its compute warps' most-sampled instruction on the wait
-# for LSE_i's shared-memory load, issued while dP^T's wgmma reads shared memory. Prepared in session 46, not yet run
-# on a GPU (results/attention/gluon_bwd_lse_first/).
-BWD_LSE_FIRST_HEAD_DIMS: tuple = ()
-BWD_DELTA_EARLY_HEAD_DIMS: tuple = ()
 # The backward's Q/dO ring refill, started sooner (session 45): STATS_AHEAD (`_bwd_loader`, both kernels) reads the
 # next tile's LSE and delta before the wait for this tile's slot, EARLY_RELEASE (`_bwd_tile`) releases the slot when
 # dV's and dK's wgmma are done instead of after dQ's. At head dim 256, whose ring has one slot (ncu put 31% of all
@@ -921,8 +875,7 @@ def _bwd_dq_writer(dqa_desc, dq_smem, dq_full, dq_empty, n_n, n_bh, nheads, seql
 def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, start_n, keys, qcols, st_init, dq_init,
               dv, dk, qk_scale, op_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               IS_CAUSAL: gl.constexpr, SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr = False, release=None,
-              EARLY_RELEASE: gl.constexpr = False, LSE_FIRST: gl.constexpr = False,
-              DELTA_EARLY: gl.constexpr = False):
+              EARLY_RELEASE: gl.constexpr = False):
     """One query tile i against this program's keys: the five wgmma and the softmax between them. lse_s, delta_s:
     (1, BLOCK_M) shared-memory rows of LSE_i and delta_i, read straight into the scores' layout, at the tile's start,
     or with STATS_AT_USE (BWD_STATS_AT_USE_HEAD_DIMS) each where it is used, which frees their registers over the
@@ -931,30 +884,26 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
     dS^T's columns, and every row of dV and dK needs all of them, so both go through shared memory as the wgmma's
     A operand; otherwise each warp's rows of P^T and dS^T are its own rows of dV and dK, so they stay in registers.
     EARLY_RELEASE: the slot's barrier `release` is arrived once dV's and dK's wgmma are done, the last readers of Q_i
-    and dO_i, while dQ's runs (else the caller arrives it after the tile). With STATS_AT_USE, LSE_FIRST reads LSE_i
-    before the first wgmma are issued, and DELTA_EARLY reads delta_i as soon as P^T is computed."""
+    and dO_i, while dQ's runs (else the caller arrives it after the tile)."""
     dtype: gl.constexpr = q_s.dtype
     st_layout: gl.constexpr = st_init.type.layout
-    if not STATS_AT_USE or LSE_FIRST:
-        lse = lse_s.load(st_layout)
     if not STATS_AT_USE:
+        lse = lse_s.load(st_layout)
         delta = delta_s.load(st_layout)
     st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), st_init, use_acc=False, is_async=True)
     st = warpgroup_mma_wait(1, (st_tok,))
-    if STATS_AT_USE and not LSE_FIRST:
+    if STATS_AT_USE:
         lse = lse_s.load(st_layout)
     pt = gl.exp2(st * qk_scale - lse)
     if IS_CAUSAL:  # only the tiles on the diagonal have keys after some of their queries
         if i * BLOCK_M < start_n + BLOCK_N:
             queries = i * BLOCK_M + qcols
             pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-    if STATS_AT_USE and DELTA_EARLY:  # in LSE's registers, while dP^T's wgmma runs
-        delta = delta_s.load(st_layout)
     if SPLIT:
         pt_smem.store(pt.to(dtype))
         dpt = warpgroup_mma_wait(0, (dpt_tok,))
-        if STATS_AT_USE and not DELTA_EARLY:
+        if STATS_AT_USE:
             delta = delta_s.load(st_layout)
         ds_smem.store((pt * (dpt - delta)).to(dtype))
         fence_async_shared()  # both warpgroups' halves, before the wgmma that read all of them
@@ -963,7 +912,7 @@ def _bwd_tile(k_smem, v_smem, q_s, do_s, pt_smem, ds_smem, lse_s, delta_s, i, st
     else:
         dv_tok = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, (dpt_tok,))  # dP^T was issued before dV, so it is the one done
-        if STATS_AT_USE and not DELTA_EARLY:
+        if STATS_AT_USE:
             delta = delta_s.load(st_layout)
         dst = (pt * (dpt - delta)).to(dtype)
         # dS^T's stores go before dK's wgmma is issued, so they are done by the fence that dQ's wgmma waits on:
@@ -986,8 +935,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                  kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads, seqlen, head_group,
                  qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr,
-                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr, EARLY_RELEASE: gl.constexpr,
-                 LSE_FIRST: gl.constexpr, DELTA_EARLY: gl.constexpr):
+                 SPLIT: gl.constexpr, STATS_AT_USE: gl.constexpr, EARLY_RELEASE: gl.constexpr):
     # one K/V buffer, key blocks one after another (`_bwd_kernel`)
     st_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, BLOCK_M)
     kv_acc_layout: gl.constexpr = _tile_layout(WARPS, BLOCK_N, HEAD_DIM)
@@ -1015,8 +963,7 @@ def _bwd_compute(dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_
                 dv, dk, dq = _bwd_tile(k_buf, v_buf, q_smem.index(slot), do_smem.index(slot), pt_smem, ds_smem,
                                          lse_smem.index(slot), delta_smem.index(slot), i, start_n, keys, qcols, st_init,
                                          dq_init, dv, dk, qk_scale, op_layout, BLOCK_M, BLOCK_N, IS_CAUSAL, SPLIT,
-                                         STATS_AT_USE, empty.index(slot), EARLY_RELEASE, LSE_FIRST,
-                                         DELTA_EARLY)
+                                         STATS_AT_USE, empty.index(slot), EARLY_RELEASE)
                 if not EARLY_RELEASE:  # Q_i, dO_i, LSE_i and delta_i are read: the loader may refill the slot
                     mbarrier.arrive(empty.index(slot))
                 s = g % DQ_STAGES
@@ -1043,8 +990,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, DQ_STAGES: gl.constexpr,
                 IS_CAUSAL: gl.constexpr, WARPS: gl.constexpr, ds_layout: gl.constexpr,
                 STATS_AT_USE: gl.constexpr = False, STATS_AHEAD: gl.constexpr = False,
-                EARLY_RELEASE: gl.constexpr = False, LSE_FIRST: gl.constexpr = False,
-                DELTA_EARLY: gl.constexpr = False):
+                EARLY_RELEASE: gl.constexpr = False):
     # q_desc, do_desc: tiles of BLOCK_M queries; k_desc .. dv_desc: of BLOCK_N keys; dqa_desc: of BLOCK_M rows of the
     # float32 dQ buffer (batch * seqlen, nheads * HEAD_DIM), zeroed by the caller.
     # LSE, DELTA: (batch, nheads, seqlen).
@@ -1090,7 +1036,7 @@ def _bwd_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, LSE
         (_bwd_compute, (dk_desc, dv_desc, q_smem, do_smem, k_smem, v_smem, pt_smem, ds_smem, dq_smem, lse_smem,
                         delta_smem, kv_ready, kv_empty, ready, empty, dq_full, dq_empty, n_n, n_bh, nheads,
                         seqlen, head_group, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, DQ_STAGES,
-                        IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE, LSE_FIRST, DELTA_EARLY)),
+                        IS_CAUSAL, WARPS, SPLIT, STATS_AT_USE, EARLY_RELEASE)),
         (_bwd_loader, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, kv_empty, ready,
                        empty, LSE, DELTA, lse_smem, delta_smem, n_n, n_bh, nheads, seqlen, head_group, BLOCK_M,
                        BLOCK_N, HEAD_DIM, STAGES, KV_BUFFERS, IS_CAUSAL, PAIRED, STATS_AHEAD)),
@@ -1362,7 +1308,5 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
         launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
                                              STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
                                              STATS_AHEAD=head_dim in BWD_STATS_AHEAD_HEAD_DIMS,
-                                             EARLY_RELEASE=head_dim in BWD_EARLY_RELEASE_HEAD_DIMS,
-                                             LSE_FIRST=head_dim in BWD_LSE_FIRST_HEAD_DIMS,
-                                             DELTA_EARLY=head_dim in BWD_DELTA_EARLY_HEAD_DIMS))
+                                             EARLY_RELEASE=head_dim in BWD_EARLY_RELEASE_HEAD_DIMS))
     scale_cast(dqa, softmax_scale, dq)  # one pass over the float32 buffer

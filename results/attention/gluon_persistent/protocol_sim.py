@@ -17,9 +17,7 @@ first: the same checks, plus that no consumer arrives twice on one barrier befor
 arrive would complete the barrier without the waiter). With K_AHEAD (session 45, shipped at head dim 256:
 ../gluon_fwd_k_ahead/) each K slot has its own release, k_empty, arrived when a consumer's S is done with it, V keeps
 kv_empty, and the loader loads K(j) before V(j - 1): the same checks, with the loader refilling a K slot only after
-both consumers released its K and a V slot only after both released its V. With SERIAL (session 46, prepared:
-../gluon_fwd_serial/) a consumer's round is S(j), then P(j) V(j), each issued in a turn of its own (two turns a key
-tile), with K_AHEAD's releases, and the loader loads V(j) right after K(j); ring depths from 1: the same checks.
+both consumers released its K and a V slot only after both released its V.
 
     python results/attention/gluon_persistent/protocol_sim.py     # prints the cases run; raises on a violation
 """
@@ -34,7 +32,6 @@ BUGS = ("q_ready parity per item, not per buffer use", "q_empty wait without the
         "v_ready parity of the wrong tile", "no q_empty arrive", "no kv_empty arrive")
 NAMED_BUGS = ("no first named arrive", "a second pass on the last round")
 K_AHEAD_BUGS = ("no k_empty arrive", "k_empty wait without the flip", "k_empty arrive before S")
-SERIAL_BUGS = ("V(j) read before its v_ready wait", "P V issued without a turn")
 
 
 class NamedBarrier:
@@ -84,7 +81,7 @@ class Sim(ForwardSim):
         super().tma(bar, buf, tile)
 
 
-def loader(s, items, stages, q_buffers, bug, k_ahead=False, serial=False):
+def loader(s, items, stages, q_buffers, bug, k_ahead=False):
     it = g = 0
 
     def load_v(gv):  # K_AHEAD's V(j - 1), behind K(j)
@@ -104,21 +101,19 @@ def loader(s, items, stages, q_buffers, bug, k_ahead=False, serial=False):
                 flip = 0 if bug == "k_empty wait without the flip" else 1
                 yield s.k_empty[slot], ((g // stages) & 1) ^ flip
                 s.tma(s.k_ready[slot], ("k", slot), g)
-                if serial:
-                    yield from load_v(g)
-                elif j > 0:
+                if j > 0:
                     yield from load_v(g - 1)
             else:
                 yield s.kv_empty[slot], ((g // stages) & 1) ^ 1
                 s.tma(s.k_ready[slot], ("k", slot), g)
                 s.tma(s.v_ready[slot], ("v", slot), g)
             g += 1
-        if k_ahead and not serial:  # the item's last V
+        if k_ahead:  # the item's last V
             yield from load_v(g - 1)
         it += 1
 
 
-def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False, k_ahead=False, serial=False):
+def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False, k_ahead=False):
     it = g = tc = 0
 
     def release_k(slot, tile):  # K_AHEAD: S is done with K's tile (else K goes with V, after P V)
@@ -155,28 +150,6 @@ def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False, 
         qi = 2 * (it % q_buffers) + w
         yield s.q_ready[qi], (it & 1) if bug == "q_ready parity per item, not per buffer use" else ((it // q_buffers) & 1)
         s.read(w, ("q", qi), (item, w))
-        if serial:  # per key tile: S(j) in a turn, its release of K; then P(j) V(j) in a turn, its release of V
-            for j in range(n_tiles):
-                gj = g + j
-                slot = gj % stages
-                yield s.k_ready[slot], (gj // stages) & 1
-                yield from wait_turn()
-                s.read(w, ("k", slot), gj)
-                pass_turn()
-                release_k(slot, gj)
-                if bug != "V(j) read before its v_ready wait":
-                    yield s.v_ready[slot], (gj // stages) & 1
-                if bug != "P V issued without a turn":
-                    yield from wait_turn()
-                s.read(w, ("v", slot), gj)
-                if bug != "P V issued without a turn":
-                    pass_turn()
-                release_kv(slot, gj)
-            s.q_done.add((item, w))
-            s.q_empty[qi].arrive()
-            g += n_tiles
-            it += 1
-            continue
         slot = g % stages
         yield s.k_ready[slot], (g // stages) & 1
         if k_ahead and bug == "k_empty arrive before S":
@@ -226,12 +199,12 @@ def consumer(s, w, items, stages, q_buffers, bug, exp_turns=False, named=False, 
         it += 1
 
 
-def simulate(items, stages, q_buffers, rng, bug=None, exp_turns=False, named=False, k_ahead=False, serial=False):
+def simulate(items, stages, q_buffers, rng, bug=None, exp_turns=False, named=False, k_ahead=False):
     s = Sim(stages, q_buffers, rng)
-    s.run({"loader": loader(s, items, stages, q_buffers, bug, k_ahead, serial),
-           "c0": consumer(s, 0, items, stages, q_buffers, bug, exp_turns, named, k_ahead, serial),
-           "c1": consumer(s, 1, items, stages, q_buffers, bug, exp_turns, named, k_ahead, serial)})
-    rounds = sum(2 * n if serial else n + (0 if exp_turns else 1) for _, n in items)
+    s.run({"loader": loader(s, items, stages, q_buffers, bug, k_ahead),
+           "c0": consumer(s, 0, items, stages, q_buffers, bug, exp_turns, named, k_ahead),
+           "c1": consumer(s, 1, items, stages, q_buffers, bug, exp_turns, named, k_ahead)})
+    rounds = sum(n + (0 if exp_turns else 1) for _, n in items)
     want = [(w, r) for r in range(1, rounds + 1) for w in (0, 1)]
     assert s.rounds == want, f"rounds out of turn: {s.rounds[:8]} ..."
 
@@ -240,8 +213,8 @@ def assert_caught(bug, **forms):
     """Simulate the mutation `bug` (with these `simulate` forms) over 50 seeds; raise unless one of them fails."""
     try:
         for seed in range(50):
-            simulate([(t, 1 + (seed + t) % 4) for t in range(5)], 2, 2, random.Random(seed), bug,
-                     seed % 2 == 1 and not forms.get("serial"), **forms)
+            simulate([(t, 1 + (seed + t) % 4) for t in range(5)], 2, 2, random.Random(seed), bug, seed % 2 == 1,
+                     **forms)
     except AssertionError:
         return
     raise AssertionError(f"mutation not caught: {bug}")
@@ -261,11 +234,6 @@ def main():
                         for k_ahead in (False, True):
                             simulate(items, stages, q_buffers, rng, exp_turns=exp_turns, named=named, k_ahead=k_ahead)
                             cases += 1
-        for stages in (1, 2, 3):  # SERIAL, with K_AHEAD's releases
-            for q_buffers in (1, 2):
-                for named in (False, True):
-                    simulate(items, stages, q_buffers, rng, named=named, k_ahead=True, serial=True)
-                    cases += 1
     # each mutation, on the main protocol, the named barriers' own and K_AHEAD's release of K
     for bug in BUGS:
         assert_caught(bug)
@@ -273,11 +241,9 @@ def main():
         assert_caught(bug, named=True)
     for bug in K_AHEAD_BUGS:
         assert_caught(bug, k_ahead=True)
-    for bug in SERIAL_BUGS:
-        assert_caught(bug, k_ahead=True, serial=True)
-    mutations = len(BUGS) + len(NAMED_BUGS) + len(K_AHEAD_BUGS) + len(SERIAL_BUGS)
+    mutations = len(BUGS) + len(NAMED_BUGS) + len(K_AHEAD_BUGS)
     print(f"{cases} random interleavings (1-7 items of 1-9 key tiles, ring depths 2-4, 1-2 Q buffers, turns around the "
-          f"wgmma issues or the exponentials, through mbarriers or named barriers, K released with V or after S, and SERIAL's rounds at ring depths 1-3): no "
+          f"wgmma issues or the exponentials, through mbarriers or named barriers, K released with V or after S): no "
           f"deadlock, no stale or overwritten tile, turns strictly alternating; all {mutations} mutations caught")
 
 
