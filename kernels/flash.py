@@ -74,7 +74,7 @@ import triton
 import triton.language as tl
 
 from kernels import ops
-from kernels.launch import _interpreting, launch
+from kernels.launch import _env_is, _interpreting, launch
 from kernels.sparsity import cdiv
 
 LOG2E = 1.4426950408889634
@@ -911,7 +911,7 @@ _KIND_CONSTS = {"fwd_ws": {"WARP_SPEC": True}}
 
 
 def _autotuning() -> bool:
-    return os.environ.get("FLASH_AUTOTUNE", "1") != "0"
+    return not _env_is("FLASH_AUTOTUNE", "0")
 
 
 def _launch(kind, raw, tuned, grid_of, args, consts, dtypes=()):

@@ -22,6 +22,11 @@ Triton's own specialisation depends on no more than this (an int's value only th
 width), so one key always means one compiled kernel; a new value only costs one call through
 JITFunction.run. Arguments laid out otherwise than tensors/descriptors-then-numbers, a launch hook (profilers
 such as proton add one), and the interpreter always take `kernel[grid](...)`.
+
+A kept kernel is called past Triton's Python wrapper of its CUDA launcher where the wrapper's layout is the one
+`_runner` knows (Triton 3.6: no scratch memory, host TMA descriptors first): the wrapper walks every argument to
+find the descriptors on each call, and a Gluon backward passes seven of them (session 47,
+results/attention/host_profile/).
 """
 from __future__ import annotations
 
@@ -46,12 +51,12 @@ def _descriptor_types() -> tuple:
     return tuple(types)
 
 
-# (kernel, device) -> {key: (compiled kernel, values of the parameters after args, in signature order)}
-_COMPILED: dict = {}
-# kernel -> (argument count, leading tensor / descriptor count, getter of the keyed numbers, getter of the
+# id(kernel) -> (kernel, its layout, {device: {key: (runner, values of the parameters after args, in signature
+# order)}}). The layout: (argument count, leading tensor / descriptor count, getter of the keyed numbers, getter of the
 # do_not_specialize ints), or None when the kernel's arguments are not laid out as tensors and descriptors then numbers
-# (never keyed)
-_LAYOUT: dict = {}
+# (never keyed). Keyed by id, the kernel held in the value so that its id stays its own: a JITFunction hashes through
+# its cache_key property, under a lock, and three such lookups a launch cost ~5 us of host time on the H100's host.
+_KERNELS: dict = {}
 _NUMBERS = (int, float, bool)
 _DESCRIPTORS = _descriptor_types()
 _INT32 = (-2**31, 2**31 - 1)
@@ -60,9 +65,26 @@ _INT32 = (-2**31, 2**31 - 1)
 _MAX_ENTRIES = 4096
 
 
+# os.environ.get encodes the name and decodes the value on every call, and raises and catches a KeyError when the
+# name is unset: a few us on the H100's host, asked ~10 times a forward+backward. The dict behind os.environ answers
+# at a lookup's cost and holds every change made through os.environ (monkeypatch.setenv's too).
+_ENVIRON = getattr(os.environ, "_data", None)
+_ENCODED: dict = {}  # (name, value) -> the two as that dict holds them
+
+
+def _env_is(name: str, value: str) -> bool:
+    """os.environ.get(name) == value."""
+    if _ENVIRON is None:
+        return os.environ.get(name) == value
+    encoded = _ENCODED.get((name, value))
+    if encoded is None:
+        encoded = _ENCODED[name, value] = (os.environ.encodekey(name), os.environ.encodevalue(value))
+    return _ENVIRON.get(encoded[0]) == encoded[1]
+
+
 def _interpreting() -> bool:
     """Whether Triton runs kernels under its interpreter (TRITON_INTERPRET=1); kernels/flash.py asks here too."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _env_is("TRITON_INTERPRET", "1")
 
 
 def _hook_set(hook) -> bool:
@@ -104,9 +126,15 @@ def _leading_key(a) -> tuple:
     return a.dtype, a.data_ptr() % 16 == 0
 
 
+def _state(kernel, args) -> tuple:
+    """(kernel, layout, compiled specialisations by device) of kernel, made at its first launch (from these args)."""
+    state = _KERNELS.get(id(kernel))
+    if state is None:
+        state = _KERNELS[id(kernel)] = (kernel, _layout(kernel, args), {})
+    return state
+
+
 def _layout(kernel, args):
-    if kernel in _LAYOUT:
-        return _LAYOUT[kernel]
     n = 0
     while n < len(args) and (isinstance(args[n], torch.Tensor) or type(args[n]) in _DESCRIPTORS):
         n += 1
@@ -116,7 +144,6 @@ def _layout(kernel, args):
         keyed = [i for i, p in enumerate(params) if not p.do_not_specialize]
         unkeyed = [i for i, p in enumerate(params) if p.do_not_specialize]
         layout = (len(args), n, _getter(keyed), _getter(unkeyed))
-    _LAYOUT[kernel] = layout
     return layout
 
 
@@ -138,27 +165,77 @@ def _tail(kernel, nargs: int, constexprs: dict) -> tuple:
     return tuple(out)
 
 
+def _runner(compiled, leading: tuple):
+    """(grid x, y, z, stream, args, tail) -> launch of `compiled` on them, for launches whose leading arguments have
+    the keys `leading` (`_leading_key`). Where the launcher is Triton 3.6's CUDA one as known here (no scratch
+    memory; its host TMA descriptors, if any, lead the arguments and come with their metadata), its compiled launch
+    function is called directly, the descriptors encoded here; else through compiled.run."""
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+
+    def generic(gx, gy, gz, stream, args, tail):
+        run(gx, gy, gz, stream, function, metadata, None, None, None, *args, *tail)
+
+    launcher = getattr(run, "launch", None)
+    if launcher is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return generic
+    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+    n_desc = sum(key[0] in _DESCRIPTORS for key in leading)
+    if n_desc == 0:
+        if getattr(launcher, "__closure__", None):  # a wrapper: the kernel takes descriptors these calls do not give
+            return generic
+
+        def direct(gx, gy, gz, stream, args, tail):
+            launcher(gx, gy, gz, stream, function, coop, pdl, None, None, metadata, None, None, None, *args, *tail)
+        return direct
+    # Triton's wrapper (`wrap_handle_tensordesc`) holds the compiled launch function and each descriptor's metadata
+    cells = dict(zip(launcher.__code__.co_freevars, (c.cell_contents for c in launcher.__closure__ or ())))
+    raw, metas = cells.get("launcher"), cells.get("tensordesc_meta")
+    if (raw is None or not metas or len(metas) != n_desc or cells.get("tensordesc_indices") != set(range(n_desc))
+            or any(k[0] not in _DESCRIPTORS for k in leading[:n_desc])
+            or any(m is None or m.get("fp4_padded") for m in metas)):
+        return generic
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    fill = driver.active.utils.fill_tma_descriptor
+    encodings = [(m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"])
+                 for m in metas]
+
+    def with_descriptors(gx, gy, gz, stream, args, tail):
+        expanded = []
+        for desc, (swizzle, elem_size, elem_type, block) in zip(args, encodings):
+            shape, strides = desc.shape, desc.strides
+            expanded.append(fill(desc.base.data_ptr(), swizzle, elem_size, elem_type, block, shape, strides,
+                                 1 if desc.padding == "nan" else 0))
+            expanded += shape
+            expanded += strides
+        raw(gx, gy, gz, stream, function, coop, pdl, None, None, metadata, None, None, None, *expanded,
+            *args[n_desc:], *tail)
+    return with_descriptors
+
+
 def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
     """kernel[grid](*args, **constexprs), through the compiled kernel's own launcher when this specialisation
     was launched before. `constexprs` holds the constexpr parameters and the launch options (num_warps, ...)."""
     if _interpreting():
         kernel[grid](*args, **constexprs)
         return
-    layout = _layout(kernel, args)
+    _, layout, by_device = _state(kernel, args)
     if layout is None or layout[0] != len(args) or _launch_hooked():
         kernel[grid](*args, **constexprs)
         return
     _, n, keyed, unkeyed = layout
     rest = args[n:]
     try:
-        tensors = tuple(map(_leading_key, args[:n]))
-        key = (tuple(constexprs.items()), tensors, keyed(rest))
+        leading = tuple(map(_leading_key, args[:n]))
+        key = (tuple(constexprs.items()), leading, keyed(rest))
         small = _fits_int32(unkeyed(rest))
     except (AttributeError, IndexError):  # a call laid out unlike the first one: no key for it
         kernel[grid](*args, **constexprs)
         return
     device = _current_device()
-    cache = _COMPILED.setdefault((kernel, device), {})
+    cache = by_device.get(device)
+    if cache is None:
+        cache = by_device[device] = {}
     entry = cache.get(key) if small else None
     if entry is None:
         compiled = kernel[grid](*args, **constexprs)
@@ -170,13 +247,19 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
             if len(cache) >= _MAX_ENTRIES:
                 cache.clear()
             compiled._init_handles()
-            cache[key] = (compiled, _tail(kernel, len(args), constexprs))
+            cache[key] = (_runner(compiled, leading), _tail(kernel, len(args), constexprs))
         return
-    compiled, tail = entry
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, _current_stream(device),
-                 compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+    runner, tail = entry
+    runner(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, _current_stream(device), args,
+           tail)
+
+
+def compiled_entries(kernel, device: int = 0) -> int:
+    """How many specialisations of kernel launch() holds on device (tests)."""
+    state = _KERNELS.get(id(kernel))
+    return len(state[2].get(device, {})) if state else 0
 
 
 def cached_specialisations() -> int:
     """How many compiled specialisations launch() holds (tests)."""
-    return sum(len(c) for c in _COMPILED.values())
+    return sum(len(c) for _, _, by_device in _KERNELS.values() for c in by_device.values())
