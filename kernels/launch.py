@@ -165,6 +165,11 @@ def _tail(kernel, nargs: int, constexprs: dict) -> tuple:
     return tuple(out)
 
 
+def _tma_filler():
+    """Triton's CUtensorMap encoder (`fill_tma_descriptor`, through the CUDA driver): the one its wrapper calls."""
+    return driver.active.utils.fill_tma_descriptor
+
+
 def _runner(compiled, leading: tuple):
     """(grid x, y, z, stream, args, tail) -> launch of `compiled` on them, for launches whose leading arguments have
     the keys `leading` (`_leading_key`). Where the launcher is Triton 3.6's CUDA one as known here (no scratch
@@ -196,7 +201,7 @@ def _runner(compiled, leading: tuple):
         return generic
     from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
 
-    fill = driver.active.utils.fill_tma_descriptor
+    fill = _tma_filler()
     encodings = [(m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"])
                  for m in metas]
 

@@ -249,3 +249,46 @@ def test_gpu_gluon_direct_launches_match_triton_launches(dropout_p, monkeypatch)
             torch.testing.assert_close(b, a, atol=2e-3, rtol=1e-2)
         else:
             assert torch.equal(a, b), name
+
+
+def test_runner_passes_what_tritons_own_launcher_path_passes(monkeypatch):
+    """launch()'s runner calls Triton 3.6's compiled launch function past its Python wrapper and encodes the leading
+    TMA descriptors itself: on the CPU, with Triton's real wrapper (`wrap_handle_tensordesc`) and `CudaLauncher.__call__`
+    around a recording stand-in for the compiled function and for the CUDA encoder, both paths must hand it the same
+    arguments. A Triton that changes this layout fails here (or makes `_runner` fall back to compiled.run)."""
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia.driver import CudaLauncher, wrap_handle_tensordesc
+    from triton.runtime import driver
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def fill(*args):  # the encoder: its arguments stand for the CUtensorMap
+        return ("tensormap", *[tuple(a) if isinstance(a, list) else a for a in args])
+
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(utils=SimpleNamespace(fill_tma_descriptor=fill)))
+    monkeypatch.setattr(L, "_tma_filler", lambda: fill)
+    calls = []
+    raw = lambda *args: calls.append(args)  # noqa: E731  (the compiled launch function)
+    signature = {0: "tensordesc<bf16[64, 64]>", 1: "tensordesc<fp32[16, 64]>", 2: "*fp32", 3: "i32", 4: "fp32",
+                 5: "constexpr"}
+    metas = [dict(swizzle=3, elem_size=2, elem_type=9, block_size=[64, 64], fp4_padded=False),
+             dict(swizzle=2, elem_size=4, elem_type=7, block_size=[16, 64], fp4_padded=False)]
+    run = SimpleNamespace(launch=wrap_handle_tensordesc(raw, signature, metas), global_scratch_size=0,
+                          global_scratch_align=1, profile_scratch_size=0, profile_scratch_align=1,
+                          launch_cooperative_grid=False, launch_pdl=False, num_ctas=1)
+    compiled = SimpleNamespace(run=run, function="fn", packed_metadata="meta")
+    x, y = torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(32, 64)
+    args = (TensorDescriptor(x, [128, 64], [64, 1], [64, 64]),
+            TensorDescriptor(y, [32, 64], [64, 1], [16, 64], padding="nan"), torch.zeros(4), 7, 0.5)
+    tail = (32,)
+    CudaLauncher.__call__(run, 3, 2, 1, "stream", "fn", "meta", None, None, None, *args, *tail)
+    runner = L._runner(compiled, tuple(map(L._leading_key, args[:3])))
+    runner(3, 2, 1, "stream", args, tail)
+    assert len(calls) == 2 and calls[0][:13] == (3, 2, 1, "stream", "fn", False, False, None, None, "meta", None,
+                                                 None, None)
+    assert calls[1][:13] == calls[0][:13] and calls[1][13:-4] == calls[0][13:-4]
+    assert calls[1][-4] is calls[0][-4]  # the same tensor, then the numbers and the constexpr
+    assert calls[1][-3:] == calls[0][-3:] == (7, 0.5, 32)
+    # a launcher with scratch memory keeps compiled.run
+    run.global_scratch_size = 128
+    assert L._runner(compiled, tuple(map(L._leading_key, args[:3]))).__name__ == "generic"
