@@ -67,19 +67,21 @@ _MAX_ENTRIES = 4096
 
 # os.environ.get encodes the name and decodes the value on every call, and raises and catches a KeyError when the
 # name is unset: a few us on the H100's host, asked ~10 times a forward+backward. The dict behind os.environ answers
-# at a lookup's cost and holds every change made through os.environ (monkeypatch.setenv's too).
-_ENVIRON = getattr(os.environ, "_data", None)
+# at a lookup's cost and holds every change made through os.environ (monkeypatch.setenv's too). It is looked up on
+# each call, never kept: libraries rebind os.environ (HF datasets' multiprocess map sets it to a copy).
 _ENCODED: dict = {}  # (name, value) -> the two as that dict holds them
 
 
 def _env_is(name: str, value: str) -> bool:
     """os.environ.get(name) == value."""
-    if _ENVIRON is None:
-        return os.environ.get(name) == value
+    environ = os.environ
+    data = getattr(environ, "_data", None)
+    if data is None:
+        return environ.get(name) == value
     encoded = _ENCODED.get((name, value))
     if encoded is None:
-        encoded = _ENCODED[name, value] = (os.environ.encodekey(name), os.environ.encodevalue(value))
-    return _ENVIRON.get(encoded[0]) == encoded[1]
+        encoded = _ENCODED[name, value] = (environ.encodekey(name), environ.encodevalue(value))
+    return data.get(encoded[0]) == encoded[1]
 
 
 def _interpreting() -> bool:

@@ -292,3 +292,20 @@ def test_runner_passes_what_tritons_own_launcher_path_passes(monkeypatch):
     # a launcher with scratch memory keeps compiled.run
     run.global_scratch_size = 128
     assert L._runner(compiled, tuple(map(L._leading_key, args[:3]))).__name__ == "generic"
+
+
+def test_environment_reads_follow_a_rebound_os_environ(monkeypatch):
+    """`_env_is` reads the dict behind os.environ, looked up on every call: HF datasets' multiprocess map rebinds
+    os.environ to a copy, after which a kept reference would miss every change (as it did in session 47's CI)."""
+    import copy
+    import os
+
+    monkeypatch.setenv("FLASH_TEST_FLAG", "1")
+    assert L._env_is("FLASH_TEST_FLAG", "1")
+    monkeypatch.setattr(os, "environ", copy.deepcopy(os.environ))  # what datasets does
+    os.environ["FLASH_TEST_FLAG"] = "0"
+    assert L._env_is("FLASH_TEST_FLAG", "0") and not L._env_is("FLASH_TEST_FLAG", "1")
+    monkeypatch.setattr(os, "environ", {"FLASH_TEST_FLAG": "2"})  # a plain mapping: os.environ.get's answer
+    assert L._env_is("FLASH_TEST_FLAG", "2")
+    del os.environ["FLASH_TEST_FLAG"]
+    assert not L._env_is("FLASH_TEST_FLAG", "2")
