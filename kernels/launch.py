@@ -195,7 +195,10 @@ def _runner(compiled, leading: tuple):
             launcher(gx, gy, gz, stream, function, coop, pdl, None, None, metadata, None, None, None, *args, *tail)
         return direct
     # Triton's wrapper (`wrap_handle_tensordesc`) holds the compiled launch function and each descriptor's metadata
-    cells = dict(zip(launcher.__code__.co_freevars, (c.cell_contents for c in launcher.__closure__ or ())))
+    code = getattr(launcher, "__code__", None)
+    if code is None:
+        return generic
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in launcher.__closure__ or ())))
     raw, metas = cells.get("launcher"), cells.get("tensordesc_meta")
     if (raw is None or not metas or len(metas) != n_desc or cells.get("tensordesc_indices") != set(range(n_desc))
             or any(k[0] not in _DESCRIPTORS for k in leading[:n_desc])
