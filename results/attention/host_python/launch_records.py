@@ -1,0 +1,112 @@
+"""Every launch the attention launchers make, as a canonical record, on a machine without a GPU: the reference a
+rewrite of the host path (session 47's "plan per geometry") must reproduce exactly.
+
+`kernels.flash._flash_fwd` and `_flash_bwd` run with every Triton / Gluon launch replaced by a recorder, the Hopper-only
+checks answering as on the H100 (132 SMs, sm_90) and FLASH_AUTOTUNE=0 (fixed configs). Each launch is written as its
+kernel, grid, positional arguments and constexprs. A tensor argument is written by what it is, not where it lies: the
+role of its storage (an input's name, or the n-th buffer the launchers allocated), its offset in it, shape, strides and
+dtype; a host TMA descriptor by its base (the same way), shape, strides, block shape, layout and padding. Two trees
+make the same launches on these shapes when this script prints the same text in both.
+
+    FLASH_AUTOTUNE=0 python results/attention/host_python/launch_records.py > launch_records_cpu.txt
+"""
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+import torch  # noqa: E402
+
+import kernels.flash as F  # noqa: E402
+import kernels.flash_gluon as G  # noqa: E402
+
+records = []
+
+
+def _record(kernel, grid, args, constexprs):
+    fn = getattr(kernel, "fn", kernel)  # a JITFunction's Python function: flash.py and flash_gluon.py share names
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__name__', kernel)}"
+    records.append((name, tuple(grid), tuple(args), dict(constexprs)))
+
+
+class _TorchZerosAsEmpty:
+    def __getattr__(self, name):
+        return torch.empty if name == "zeros" else getattr(torch, name)
+
+
+F.launch = G.launch = _record
+F._ws_platform_unsupported = lambda q: None
+G._sm_count = lambda device: 132
+G.torch = _TorchZerosAsEmpty()
+
+
+class Roles:
+    """Names tensors by their storage: the inputs by name, other storages in order of first sight."""
+
+    def __init__(self, **inputs):
+        self.names = {t.untyped_storage().data_ptr(): name for name, t in inputs.items()}
+
+    def tensor(self, t):
+        base = t.untyped_storage().data_ptr()
+        if base not in self.names:
+            self.names[base] = f"buffer{sum(n.startswith('buffer') for n in self.names.values())}"
+        return (f"{self.names[base]}+{t.storage_offset()}", tuple(t.shape), tuple(t.stride()), str(t.dtype))
+
+    def value(self, a):
+        if isinstance(a, torch.Tensor):
+            return self.tensor(a)
+        if type(a).__name__ == "TensorDescriptor":
+            return ("desc", self.tensor(a.base), list(a.shape), list(a.strides), list(a.block_shape),
+                    repr(getattr(a, "layout", None)), a.padding)
+        if isinstance(a, float):
+            return float(f"{a:.12g}")
+        return a
+
+
+def write(label, roles):
+    print(f"## {label}")
+    for name, grid, args, consts in records:
+        print(f"{name} grid={grid}")
+        print("  args:", [roles.value(a) for a in args])
+        print("  constexprs:", {k: roles.value(v) for k, v in sorted(consts.items())})
+    records.clear()
+
+
+def case(label, batch, seqlen, nheads, nheads_k, head_dim, causal, dropout_p, dtype=torch.bfloat16, packed=False):
+    g = torch.Generator().manual_seed(0)
+    if packed:  # GPT-2's layout: q, k, v and their gradients are views of one (batch, seqlen, 3, heads, dim)
+        qkv = torch.randn(batch, seqlen, 3, nheads, head_dim, generator=g).to(dtype)
+        q, k, v = qkv.unbind(2)
+        dqkv = torch.empty_like(qkv)
+        out = dqkv.unbind(2)
+        inputs = dict(qkv=qkv, dqkv=dqkv)
+    else:
+        q = torch.randn(batch, seqlen, nheads, head_dim, generator=g).to(dtype)
+        k, v = (torch.randn(batch, seqlen, nheads_k, head_dim, generator=g).to(dtype) for _ in range(2))
+        out = None
+        inputs = dict(q=q, k=k, v=v)
+    torch.manual_seed(1)
+    o, lse, seed = F._flash_fwd(q, k, v, head_dim ** -0.5, causal, dropout_p, False, None, None, seqlen, seqlen)
+    do = torch.randn(o.shape, generator=g).to(dtype)
+    roles = Roles(**inputs, o=o, lse=lse, seed=seed, do=do)
+    write(f"{label}: forward", roles)
+    F._flash_bwd(do, q, k, v, o, lse, seed, head_dim ** -0.5, causal, dropout_p, False, None, None, seqlen, seqlen,
+                 out=out)
+    write(f"{label}: backward", roles)
+
+
+def main():
+    print(f"# torch {torch.__version__}; FLASH_AUTOTUNE={os.environ.get('FLASH_AUTOTUNE', '1')}; launches recorded, "
+          "not run; Hopper checks as on the H100")
+    case("GPT-2 small, packed, causal, dropout 0.1", 2, 1024, 12, 12, 64, True, 0.1, packed=True)
+    case("GPT-2 small, packed, causal, no dropout", 2, 1024, 12, 12, 64, True, 0.0, packed=True)
+    case("head dim 64, non-causal, dropout 0.1", 1, 2048, 4, 4, 64, False, 0.1)
+    case("head dim 128, non-causal", 1, 2048, 4, 4, 128, False, 0.0)
+    case("head dim 128, causal, fp16", 1, 4096, 2, 2, 128, True, 0.0, dtype=torch.float16)
+    case("head dim 256, causal", 1, 1024, 2, 2, 256, True, 0.0)
+    case("head dim 128, causal, dropout 0.1 (no Gluon dropout at 128)", 1, 1024, 2, 2, 128, True, 0.1)
+    case("grouped-query heads (8 over 2), head dim 64", 1, 1024, 8, 2, 64, True, 0.0)
+    case("300 tokens (no Gluon), head dim 64", 2, 300, 4, 4, 64, False, 0.0)
+
+
+if __name__ == "__main__":
+    main()
