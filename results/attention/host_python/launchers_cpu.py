@@ -34,10 +34,14 @@ class _TorchZerosAsEmpty:
         return torch.empty if name == "zeros" else getattr(torch, name)
 
 
-F.launch = G.launch = _no_launch
-F._ws_platform_unsupported = lambda q: None
-G._sm_count = lambda device: 132
-G.torch = _TorchZerosAsEmpty()
+def stub_launches(launch):
+    """Every Triton / Gluon launch of kernels.flash and kernels.flash_gluon goes to `launch` (kernel, grid, args,
+    constexprs) instead; the Hopper-only checks answer as on the H100 (sm_90, 132 SMs); flash_gluon's zero-fills are
+    empty allocations (on the GPU an asynchronous memset, here a CPU one). launch_records.py uses it too."""
+    F.launch = G.launch = launch
+    F._ws_platform_unsupported = lambda q: None
+    G._sm_count = lambda device: 132
+    G.torch = _TorchZerosAsEmpty()
 
 b, n, h, d = 1, 1024, 1, 64
 q, k, v, o, do = (torch.randn(b, n, h, d, dtype=torch.bfloat16) for _ in range(5))
@@ -50,6 +54,7 @@ def backward(gluon: bool):
 
 
 def main():
+    stub_launches(_no_launch)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; Python time per call, launches stubbed")
     for label, gluon in (("Gluon backward", True), ("@triton.jit backward", False)):
         launched.clear()
