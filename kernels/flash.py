@@ -74,7 +74,7 @@ import triton
 import triton.language as tl
 
 from kernels import ops
-from kernels.launch import _env_is, _interpreting, launch
+from kernels.launch import Prepared, _env_is, _interpreting, launch
 from kernels.sparsity import cdiv
 
 LOG2E = 1.4426950408889634
@@ -1025,6 +1025,83 @@ def _strides(x: torch.Tensor, varlen: bool):
     return (0, s[0], s[1]) if varlen else s[:3]
 
 
+class TensorGeometry(tuple):
+    """What the launchers' checks and arguments read of a tensor, as one hashable value: shape, strides, dtype, device
+    and its address modulo 16 (TMA and Triton's pointer specialisation ask only whether an address is 16-byte
+    aligned). It answers the Tensor methods they call as the tensor does (`data_ptr()` with that remainder), so a
+    check run on it gives the tensor's verdict, and a plan worked out from a call's geometries (`_plan`) fits every
+    call with the same ones."""
+
+    __slots__ = ()
+
+    def __new__(cls, t):
+        return tuple.__new__(cls, (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16))
+
+    @classmethod
+    def fresh(cls, shape, dtype, device) -> "TensorGeometry":
+        """A new contiguous tensor's: torch's allocators return memory aligned to far more than 16 bytes (CUDA's
+        caching allocator to 512)."""
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.append(step)
+            step *= max(size, 1)
+        return tuple.__new__(cls, (torch.Size(shape), tuple(reversed(strides)), dtype, device, 0))
+
+    shape = property(lambda self: self[0])
+    dtype = property(lambda self: self[2])
+    device = property(lambda self: self[3])
+    is_cuda = property(lambda self: self[3].type == "cuda")
+
+    def stride(self, dim: int | None = None):
+        return self[1] if dim is None else self[1][dim]
+
+    def data_ptr(self) -> int:
+        return self[4]
+
+    def element_size(self) -> int:
+        return self[2].itemsize
+
+    def numel(self) -> int:
+        return math.prod(self[0])
+
+    def dim(self) -> int:
+        return len(self[0])
+
+    def is_contiguous(self) -> bool:
+        if self.numel() == 0:
+            return True
+        expected = 1
+        for size, stride in zip(reversed(self[0]), reversed(self[1])):
+            if size != 1:
+                if stride != expected:
+                    return False
+                expected *= size
+        return True
+
+
+# A plan: what one call geometry's launches need, worked out once (`_gluon_bwd_setup`), keyed by the call's geometries
+# and the switches its checks read. Module settings (GLUON_KERNELS, flash_gluon's minimum lengths, ...) are read when
+# a plan is made: code that changes them after a first call calls `clear_plans()`.
+_PLANS: dict = {}
+_MAX_PLANS = 1024  # a long run with ever new geometries must not grow without bound
+_NO_PLAN = object()
+
+
+def clear_plans() -> None:
+    """Forget every plan (tests, and A/Bs that change module settings between calls)."""
+    _PLANS.clear()
+
+
+def _plan(setup, key: tuple):
+    """setup(*key), made once per key: a plan, or None where the call takes another path."""
+    plan = _PLANS.get((setup, key), _NO_PLAN)
+    if plan is _NO_PLAN:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[setup, key] = setup(*key)
+    return plan
+
+
 def _block_d(headdim: int) -> int:
     # Plain Python, not triton.next_power_of_2: that constexpr wrapper costs microseconds per launch.
     return max(16, 1 << (headdim - 1).bit_length())
@@ -1071,27 +1148,28 @@ def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_s
 
     SHARED with kernels/blocksparse.py: keep the signature stable. o and do share the layout of q.
     """
-    nheads, headdim = o.shape[-2], o.shape[-1]
     delta = torch.empty(lse_shape(o, varlen), dtype=torch.float32, device=o.device) if out is None else out
+    batch, seqlen = (cu_seqlens_q.numel() - 1, max_seqlen_q) if varlen else (o.shape[0], o.shape[1])
+    _bwd_preprocess_launch(o, do, delta, zero, varlen, batch, seqlen)(o, do, delta, o if zero is None else zero,
+                                                                      cu_seqlens_q if varlen else o)
+    return delta
+
+
+def _bwd_preprocess_launch(o, do, delta, zero, varlen: bool, batch: int, seqlen: int) -> Prepared:
+    """bwd_preprocess's launch for tensors of these geometries (tensors or TensorGeometry; zero may be None), to be
+    called with (o, do, delta, zero or o, cu_seqlens_q or o): the unused pointers are o's."""
+    nheads, headdim = o.shape[-2], o.shape[-1]
     if zero is not None and (zero.shape != o.shape or zero.dtype != torch.float32 or zero.stride(-1) != 1):
         raise ValueError(f"bwd_preprocess: zero must be float32 of o's shape {tuple(o.shape)} with unit last stride, "
                          f"got {zero.dtype} {tuple(zero.shape)} strides {zero.stride()}")
-    if varlen:
-        batch = cu_seqlens_q.numel() - 1
-        total = o.shape[0]
-        sdb, sdh, seqlen = 0, total, max_seqlen_q
-    else:
-        batch, seqlen = o.shape[0], o.shape[1]
-        sdb, sdh = delta.stride(0), delta.stride(1)
+    sdb, sdh = (0, o.shape[0]) if varlen else delta.stride()[:2]
     block_m = 16 if _interpreting() else 64
-    grid = (cdiv(seqlen, block_m), batch * nheads)
     o_strides = _strides(o, varlen)
-    zero_arg, zero_strides = (o, o_strides) if zero is None else (zero, _strides(zero, varlen))  # o: unused then
-    launch(_bwd_preprocess_kernel, grid, (o, do, delta, zero_arg, cu_seqlens_q if varlen else o, seqlen, nheads,
-                                          *o_strides, *_strides(do, varlen), sdb, sdh, *zero_strides),
-           dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen,
-                ZERO_FILL=zero is not None))
-    return delta
+    zero_strides = o_strides if zero is None else _strides(zero, varlen)
+    return Prepared(_bwd_preprocess_kernel, (cdiv(seqlen, block_m), batch * nheads),
+                    (seqlen, nheads, *o_strides, *_strides(do, varlen), sdb, sdh, *zero_strides),
+                    dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen,
+                         ZERO_FILL=zero is not None))
 
 
 @triton.jit
@@ -1110,7 +1188,12 @@ def scale_cast(src: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     stride apart with heads and head dim dense (dq of the Gluon backward: a fresh tensor or a view of a packed
     dqkv). PyTorch runs a dtype-changing mul through its unrolled, unvectorised kernel: on the H100 1.5 TB/s at GPT-2's
     dQ as a view of packed dqkv, 2.2 contiguous, against 2.25-2.3 here (results/attention/scale_cast/)."""
-    shape, strides = out.shape, out.stride()  # one call into C++ each: the backward's host path is hot
+    _scale_cast_launch(src, scale, out)(src, out)
+
+
+def _scale_cast_launch(src, scale: float, out) -> Prepared:
+    """scale_cast's launch for tensors of these geometries (tensors or TensorGeometry), called with (src, out)."""
+    shape, strides = out.shape, out.stride()  # one call into C++ each
     heads, head_dim = shape[-2], shape[-1]
     dense_rows = all(strides[i] == shape[i + 1] * strides[i + 1] for i in range(len(shape) - 3))
     if not (src.is_contiguous() and src.dtype == torch.float32 and src.shape == shape and dense_rows
@@ -1118,11 +1201,11 @@ def scale_cast(src: torch.Tensor, scale: float, out: torch.Tensor) -> None:
         raise ValueError(f"scale_cast: src must be contiguous float32 of out's shape, out's heads and rows dense, the "
                          f"head dim a power of 2 from 16; got "
                          f"src {src.dtype} {tuple(src.shape)}, out {tuple(out.shape)} strides {out.stride()}")
-    n_rows = out.numel() // (heads * head_dim)
+    n_rows = math.prod(shape) // (heads * head_dim)
     block_c = min(128, head_dim)
     block_r = 4 if _interpreting() else 32
-    launch(_scale_cast_kernel, (cdiv(n_rows, block_r), heads * head_dim // block_c),
-           (src, out, n_rows, strides[-3], float(scale)), dict(ROW=heads * head_dim, BLOCK_R=block_r, BLOCK_C=block_c))
+    return Prepared(_scale_cast_kernel, (cdiv(n_rows, block_r), heads * head_dim // block_c),
+                    (n_rows, strides[-3], float(scale)), dict(ROW=heads * head_dim, BLOCK_R=block_r, BLOCK_C=block_c))
 
 
 def problem_sizes(q, k, cu_q, max_q, max_k) -> tuple[int, int, int]:
@@ -1282,6 +1365,100 @@ def _gluon_bwd_unsupported(q, k, v, do, lse, delta, grads, causal: bool, dropout
             or _tma_layout_unsupported(False, q=q, k=k, v=v, do=do, dk=dk, dv=dv) or _ws_platform_unsupported(q))
 
 
+class _GluonForward:
+    """One call geometry's Gluon forward (kernels/flash_gluon.py), its launch worked out by `_gluon_fwd_setup`."""
+
+    __slots__ = ("device", "o_shape", "o_dtype", "lse_shape", "dropout", "kernel")
+
+    def __call__(self, q, k, v):
+        device = self.device
+        o = torch.empty(self.o_shape, dtype=self.o_dtype, device=device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=device)
+        seed = draw_dropout_seed(device) if self.dropout else lse  # any pointer when unused
+        self.kernel(q, k, v, o, lse, seed)
+        return o, lse, seed
+
+
+def _gluon_fwd_plan(q, k, v, softmax_scale: float, causal: bool, dropout_p: float, out_dtype):
+    """The Gluon forward of this call (a `_GluonForward`), or None where `_gluon_unsupported` says why not; made once
+    per geometry, as `_gluon_bwd_plan`."""
+    geometry = TensorGeometry
+    return _plan(_gluon_fwd_setup, (geometry(q), geometry(k), geometry(v), softmax_scale, causal, dropout_p, out_dtype,
+                                    (GLUON_KERNELS, _GLUON_TRITON, _interpreting())))
+
+
+def _gluon_fwd_setup(q, k, v, softmax_scale, causal, dropout_p, out_dtype, switches):
+    """`_gluon_fwd_plan`'s plan from the call's geometries (switches: read by the checks themselves)."""
+    if _gluon_unsupported(q, k, v, causal, dropout_p, False, out_dtype) is not None:
+        return None
+    from kernels.flash_gluon import forward_launch
+
+    plan = _GluonForward()
+    plan.device, plan.o_shape, plan.o_dtype = q.device, q.shape, out_dtype or q.dtype
+    plan.lse_shape, plan.dropout = lse_shape(q, False), dropout_p > 0
+    o = TensorGeometry.fresh(plan.o_shape, plan.o_dtype, q.device)
+    lse = TensorGeometry.fresh(plan.lse_shape, torch.float32, q.device)
+    seed = TensorGeometry.fresh((1,), torch.int64, q.device) if plan.dropout else lse
+    plan.kernel = forward_launch(q, k, v, o, lse, seed, softmax_scale * LOG2E, causal, dropout_p)
+    return plan
+
+
+class _GluonBackward:
+    """One call geometry's Gluon backward (kernels/flash_gluon.py), its launches worked out by `_gluon_bwd_setup`:
+    delta = rowsum(dO * O) with the float32 dQ buffer zeroed in the same launch, the kernel, dQ scaled and cast."""
+
+    __slots__ = ("device", "q_shape", "delta_shape", "fresh_grads", "dropout", "preprocess", "kernel", "cast")
+
+    def __call__(self, do, q, k, v, o, lse, seed, out):
+        device = self.device
+        delta = torch.empty(self.delta_shape, dtype=torch.float32, device=device)
+        dq_accum = torch.empty(self.q_shape, dtype=torch.float32, device=device)
+        if out is None:
+            dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.fresh_grads)
+        else:
+            dq, dk, dv = out
+        self.preprocess(o, do, delta, dq_accum, o)
+        self.kernel(q, do, k, v, dk, dv, dq_accum, lse, delta, seed if self.dropout else lse)
+        self.cast(dq_accum, dq)
+        return dq, dk, dv
+
+
+def _gluon_bwd_plan(do, q, k, v, o, lse, seed, out, grad_dtype, softmax_scale: float, causal: bool,
+                    dropout_p: float):
+    """The Gluon backward of this call (a `_GluonBackward`), or None where `_gluon_bwd_unsupported` says why not. Made
+    once per geometry of the tensors and the switches the checks read, so a call does only its allocations and
+    launches: the host time of a GPT-2-shaped backward is as long as its kernels."""
+    geometry = TensorGeometry
+    return _plan(_gluon_bwd_setup, (
+        geometry(do), geometry(q), geometry(k), geometry(v), geometry(o), geometry(lse),
+        geometry(seed) if dropout_p > 0 else None, None if out is None else tuple(map(geometry, out)), grad_dtype,
+        softmax_scale, causal, dropout_p,
+        (GLUON_KERNELS, _GLUON_TRITON, _interpreting(), torch.are_deterministic_algorithms_enabled())))
+
+
+def _gluon_bwd_setup(do, q, k, v, o, lse, seed, grads, grad_dtype, softmax_scale, causal, dropout_p, switches):
+    """`_gluon_bwd_plan`'s plan from the call's geometries (switches: read by the checks themselves)."""
+    device = q.device
+    delta = TensorGeometry.fresh(lse_shape(q, False), torch.float32, device)
+    fresh_grads = None
+    if grads is None:
+        fresh_grads = tuple((t.shape, grad_dtype or t.dtype) for t in (q, k, v))
+        grads = tuple(TensorGeometry.fresh(shape, dtype, device) for shape, dtype in fresh_grads)
+    if _gluon_bwd_unsupported(q, k, v, do, lse, delta, grads, causal, dropout_p, False) is not None:
+        return None
+    from kernels.flash_gluon import backward_launch
+
+    dq, dk, dv = grads
+    dq_accum = TensorGeometry.fresh(q.shape, torch.float32, device)
+    plan = _GluonBackward()
+    plan.device, plan.q_shape, plan.delta_shape, plan.fresh_grads = device, q.shape, delta.shape, fresh_grads
+    plan.dropout = dropout_p > 0
+    plan.preprocess = _bwd_preprocess_launch(o, do, delta, dq_accum, False, q.shape[0], q.shape[1])
+    plan.kernel = backward_launch(q, k, v, do, dk, dv, dq_accum, lse, delta, seed, softmax_scale, causal, dropout_p)
+    plan.cast = _scale_cast_launch(dq_accum, softmax_scale, dq)
+    return plan
+
+
 def _tma_scratch(size: int, alignment: int, stream):
     """Global memory for the TMA descriptors `_fwd_ws` writes on the device (3 x 128 bytes per program), from
     torch's caching allocator on the current device and stream, which are the ones Triton launches on: no
@@ -1304,6 +1481,10 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
     # out_dtype: the kernel stores O in whatever dtype O has (float32 for kernels/ring.py's partial outputs).
     # warp_spec: see `_fwd_kind` (None: automatic, the Gluon forward first where `_gluon_unsupported` allows;
     # True / False: this module's kernels only, as tests and A/Bs ask).
+    if warp_spec is None and not varlen:  # the Gluon forward takes no varlen
+        plan = _gluon_fwd_plan(q, k, v, softmax_scale, causal, dropout_p, out_dtype)
+        if plan is not None:
+            return plan(q, k, v)
     nheads, headdim = q.shape[-2], q.shape[-1]
     group = nheads // k.shape[-2]
     o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
@@ -1312,12 +1493,6 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
         max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
     seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
-    # before the Triton launch's arguments, which it does not need
-    if warp_spec is None and _gluon_unsupported(q, k, v, causal, dropout_p, varlen, out_dtype) is None:
-        from kernels.flash_gluon import gluon_forward
-
-        gluon_forward(q, k, v, o, lse, softmax_scale * LOG2E, causal, dropout_p=dropout_p, seed=seed)
-        return o, lse, seed
     slb, slh = lse_strides(lse, varlen)
     thresh, drop_scale = _drop_consts(dropout_p)
     cu_q_arg = cu_q if varlen else lse
@@ -1340,17 +1515,22 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
     # delta: rowsum(dO * O) computed by the caller (then o is unused; it must share lse's strides);
     # grad_dtype: the kernels store dQ/dK/dV in the dtype of their buffers. Both for kernels/ring.py.
     # out: (dq, dk, dv) buffers to write into (views of one packed dqkv), else fresh ones.
-    # gluon: the Gluon backward where `_gluon_bwd_unsupported` allows; False: this module's kernels (tests, A/Bs).
+    # gluon: the Gluon backward where `_gluon_bwd_unsupported` allows (`_gluon_bwd_plan`); False: this module's kernels
+    # (tests, A/Bs).
+    do = _lastdim_contig(do)
+    if gluon and delta is None and not varlen:  # the Gluon backward takes neither a caller's delta nor varlen
+        plan = _gluon_bwd_plan(do, q, k, v, o, lse, seed, out, grad_dtype, softmax_scale, causal, dropout_p)
+        if plan is not None:
+            return plan(do, q, k, v, o, lse, seed, out)
     nheads, headdim = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
-    do = _lastdim_contig(do)
     batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
     if varlen:
         max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     slb, slh = lse_strides(lse, varlen)
     # Without a caller's delta, the two-kernel path's dQ kernel computes it (COMPUTE_DELTA) and runs first; the
-    # Gluon and fused paths, whose dK/dV work starts at once, take it from `bwd_preprocess`.
+    # fused path, whose dK/dV work starts at once, takes it from `bwd_preprocess`.
     compute_delta = delta is None
     if compute_delta:
         delta = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
@@ -1360,20 +1540,9 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
         dq = torch.empty(q.shape, dtype=grad_dtype or q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=grad_dtype or k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=grad_dtype or v.dtype, device=v.device)
-    use_gluon = gluon and _gluon_bwd_unsupported(q, k, v, do, lse, delta, (dq, dk, dv), causal, dropout_p,
-                                                 varlen) is None
-    fused = not use_gluon and _fused_bwd(q, dropout_p, _block_d(headdim))
-    # the Gluon backward adds dQ into a float32 buffer that must start at 0: zeroed by the delta launch when there
-    # is one (one GPU operation fewer), else by the Gluon launcher
-    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device) if use_gluon and compute_delta else None
-    if compute_delta and (use_gluon or fused):
-        bwd_preprocess(o, do, varlen, cu_q, max_q, out=delta, zero=dq_accum)
-    if use_gluon:
-        from kernels.flash_gluon import gluon_backward
-
-        gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, dropout_p=dropout_p, seed=seed,
-                       dq_accum=dq_accum)
-        return dq, dk, dv
+    fused = _fused_bwd(q, dropout_p, _block_d(headdim))
+    if compute_delta and fused:
+        bwd_preprocess(o, do, varlen, cu_q, max_q, out=delta)
     thresh, drop_scale = _drop_consts(dropout_p)
     cu_q_arg = cu_q if varlen else lse
     cu_k_arg = cu_k if varlen else lse

@@ -56,7 +56,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.flash import LOG2E, _drop_consts, scale_cast
 from kernels.gluon_dropout import acc_layout as _acc_layout, keep_rows
-from kernels.launch import launch
+from kernels.launch import Prepared
 
 # (BLOCK_M, BLOCK_N, STAGES, Q_BUFFERS) per head dim: at 128 the fastest of the prototype's tiles at every benchmarked
 # point; at 256 the ones that fit shared memory (197 KB) without spills (1.18-1.43x the @triton.jit forward,
@@ -613,19 +613,32 @@ def _shared_layout(rows: int, cols: int, dtype):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
 
 
-def head_tiles(t: torch.Tensor, block_rows: int, layout) -> TensorDescriptor:
-    """Host TMA descriptor of t (batch, seqlen, nheads, head_dim), heads side by side and its rows t.stride(1) apart,
-    as the 2-D (batch * seqlen, nheads * head_dim) matrix in tiles of block_rows rows of one head. Built on the host
-    and passed by value (a __grid_constant__ CUtensorMap), so the programs do not build their own.
+class HeadTiles:
+    """Host TMA descriptors over tensors of one geometry (batch, seqlen, nheads, head_dim), heads side by side and rows
+    strides[1] apart: each the 2-D (batch * seqlen, nheads * head_dim) matrix in tiles of block_rows rows of one head.
+    `HeadTiles(geometry, block_rows, layout)(t)` is t's descriptor, everything but its base worked out once. Passed by
+    value (a __grid_constant__ CUtensorMap), so the programs do not build their own.
 
-    The caller has checked t's TMA layout (kernels.flash._ws_layout_problem), so the descriptor is filled in without
-    TensorDescriptor.__post_init__'s checks of the same things: half its host cost, paid 4 times a forward call and 7
-    times a backward call, where at 1K tokens the host time of a forward+backward is about as long as its kernels."""
-    batch, seqlen, nheads, head_dim = t.shape
-    desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(base=t, shape=[batch * seqlen, nheads * head_dim], strides=[t.stride(1), 1],
-                         block_shape=[block_rows, head_dim], layout=layout, padding="zero")
-    return desc
+    The caller has checked the TMA layout (kernels.flash._ws_layout_problem), so a descriptor is filled in without
+    TensorDescriptor.__post_init__'s checks of the same things: 4 a forward call and 7 a backward call, where at 1K
+    tokens the host time of a forward+backward is about as long as its kernels."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, geometry, block_rows: int, layout):
+        batch, seqlen, nheads, head_dim = geometry.shape
+        self.fields = dict(shape=[batch * seqlen, nheads * head_dim], strides=[geometry.stride(1), 1],
+                           block_shape=[block_rows, head_dim], layout=layout, padding="zero")
+
+    def __call__(self, t: torch.Tensor) -> TensorDescriptor:
+        desc = object.__new__(TensorDescriptor)
+        desc.__dict__.update(self.fields, base=t)
+        return desc
+
+
+def head_tiles(t: torch.Tensor, block_rows: int, layout) -> TensorDescriptor:
+    """t's descriptor (HeadTiles)."""
+    return HeadTiles(t, block_rows, layout)(t)
 
 
 @functools.lru_cache(maxsize=None)
@@ -648,25 +661,35 @@ def gluon_forward(q, k, v, o, lse, qk_scale: float, causal: bool, programs: int 
     the attention of q, k, v; qk_scale = softmax scale * log2(e) (the LSE is base 2). The caller has checked
     `unsupported` and the TMA layout of q, k, v (kernels.flash._ws_layout_problem). programs: at most this many
     programs (tests: each then runs many work units), else one a SM where `fwd_persistent`, one a unit elsewhere.
-    dropout_p > 0: kernels.flash's dropout with the mask of `seed` (kernels.flash.draw_dropout_seed)."""
+    dropout_p > 0: kernels.flash's dropout with the mask of `seed` (kernels.flash.draw_dropout_seed). kernels.flash's
+    own calls make this launch through a plan (`_gluon_fwd_plan`), from the same `forward_launch`."""
+    forward_launch(q, k, v, o, lse, seed, qk_scale, causal, dropout_p, programs)(
+        q, k, v, o, lse, seed if dropout_p > 0 else lse)
+
+
+def forward_launch(q, k, v, o, lse, seed, qk_scale: float, causal: bool, dropout_p: float,
+                   programs: int | None = None) -> Prepared:
+    """The forward kernel's launch for tensors of these geometries (tensors or kernels.flash.TensorGeometry), as
+    gluon_forward describes them; called with (q, k, v, o, lse, the seed or, without dropout, lse)."""
     batch, seqlen, nheads, head_dim = q.shape
     if not (o.is_contiguous() and lse.is_contiguous() and o.dtype == q.dtype
             and lse.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_forward: o must be contiguous in q's dtype and lse contiguous (batch, nheads, seqlen)")
-    seed_arg, thresh, drop_scale = _dropout_args("gluon_forward", dropout_p, seed, lse)
+    _, thresh, drop_scale = _dropout_args("gluon_forward", dropout_p, seed, lse)
     block_m, block_n, stages, q_buffers = FWD_TILES[head_dim]
     persistent = fwd_persistent(head_dim, seqlen, causal)
     paired = causal and persistent
     grid = _grid(seqlen // block_m, batch * nheads, paired, persistent, programs, q.device)
     dtype = _GL_DTYPES[q.dtype]
     q_layout, kv_layout = _shared_layout(block_m // 2, head_dim, dtype), _shared_layout(block_n, head_dim, dtype)
-    launch(_fwd_kernel, grid,
-           (head_tiles(q, block_m // 2, q_layout), head_tiles(k, block_n, kv_layout), head_tiles(v, block_n, kv_layout),
-            head_tiles(o, block_m // 2, q_layout), lse, seed_arg, seqlen, nheads, batch * nheads,
-            nheads // k.shape[2], qk_scale, launch_head_group(seqlen, causal), thresh, drop_scale),
-           dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
-                IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
-                num_warps=4, **fwd_forms(head_dim, causal)))
+    return Prepared(_fwd_kernel, grid,
+                    (seqlen, nheads, batch * nheads, nheads // k.shape[2], qk_scale, launch_head_group(seqlen, causal),
+                     thresh, drop_scale),
+                    dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, Q_BUFFERS=q_buffers,
+                         IS_CAUSAL=causal, PAIRED=paired, CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
+                         num_warps=4, **fwd_forms(head_dim, causal)),
+                    (HeadTiles(q, block_m // 2, q_layout), HeadTiles(k, block_n, kv_layout),
+                     HeadTiles(v, block_n, kv_layout), HeadTiles(o, block_m // 2, q_layout)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1274,39 +1297,49 @@ def gluon_backward(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, ca
     (tests: each then runs many key blocks), else one a SM at BWD_SPLIT_HEAD_DIMS, one a key block elsewhere.
     dropout_p > 0 (BWD_SPLIT_HEAD_DIMS only): the forward's dropout, the mask of `seed`. dq_accum: the float32 buffer
     the kernel adds dQ into, q's shape, contiguous and already zeroed (kernels.flash.bwd_preprocess zeroes it in its
-    launch); else a zeroed one is allocated here."""
-    batch, seqlen, nheads, head_dim = q.shape
-    if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
-        raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
-    if dropout_p > 0 and head_dim not in BWD_SPLIT_HEAD_DIMS:
-        raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS}")
-    seed_arg, thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed, lse)
+    launch); else a zeroed one is allocated here. kernels.flash's own calls make these launches through a plan
+    (`_gluon_bwd_plan`), from the same `backward_launch`."""
     if dq_accum is None:
-        dqa = torch.zeros(batch, seqlen, nheads, head_dim, dtype=torch.float32, device=q.device)
+        dqa = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     elif dq_accum.dtype != torch.float32 or dq_accum.shape != q.shape or not dq_accum.is_contiguous():
         raise ValueError(f"gluon_backward: dq_accum must be contiguous float32 of q's shape {tuple(q.shape)}, got "
                          f"{dq_accum.dtype} {tuple(dq_accum.shape)} strides {dq_accum.stride()}")
     else:
         dqa = dq_accum
+    backward_launch(q, k, v, do, dk, dv, dqa, lse, delta, seed, softmax_scale, causal, dropout_p, programs)(
+        q, do, k, v, dk, dv, dqa, lse, delta, seed if dropout_p > 0 else lse)
+    scale_cast(dqa, softmax_scale, dq)  # one pass over the float32 buffer
+
+
+def backward_launch(q, k, v, do, dk, dv, dq_accum, lse, delta, seed, softmax_scale: float, causal: bool,
+                    dropout_p: float, programs: int | None = None) -> Prepared:
+    """The backward kernel's launch for tensors of these geometries (tensors or kernels.flash.TensorGeometry), as
+    gluon_backward describes them; called with (q, do, k, v, dk, dv, dq_accum, lse, delta, the seed or, without
+    dropout, lse)."""
+    batch, seqlen, nheads, head_dim = q.shape
+    if not (lse.is_contiguous() and delta.is_contiguous() and lse.shape == delta.shape == (batch, nheads, seqlen)):
+        raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
+    if dropout_p > 0 and head_dim not in BWD_SPLIT_HEAD_DIMS:
+        raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS}")
+    _, thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed, lse)
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
     split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
     grid = _grid(seqlen // block_n, batch * nheads, causal and split, split, programs, q.device)
     lay = bwd_layouts(head_dim, _GL_DTYPES[q.dtype], split)
-    queries = lambda t: head_tiles(t, block_m, lay["q_layout"])  # noqa: E731
-    keys = lambda t: head_tiles(t, block_n, lay["kv_layout"])  # noqa: E731
-    dkv = lambda t: head_tiles(t, lay["dkv_rows"], lay["dkv_layout"])  # noqa: E731
-    args = (queries(q), queries(do), keys(k), keys(v), dkv(dk), dkv(dv), head_tiles(dqa, block_m, lay["dqa_layout"]),
-            lse, delta, seed_arg, seqlen, nheads, batch * nheads, softmax_scale * LOG2E,
-            softmax_scale, launch_head_group(seqlen, causal), thresh, drop_scale)
+    descriptors = (HeadTiles(q, block_m, lay["q_layout"]), HeadTiles(do, block_m, lay["q_layout"]),
+                   HeadTiles(k, block_n, lay["kv_layout"]), HeadTiles(v, block_n, lay["kv_layout"]),
+                   HeadTiles(dk, lay["dkv_rows"], lay["dkv_layout"]), HeadTiles(dv, lay["dkv_rows"], lay["dkv_layout"]),
+                   HeadTiles(dq_accum, block_m, lay["dqa_layout"]))
+    numbers = (seqlen, nheads, batch * nheads, softmax_scale * LOG2E, softmax_scale, launch_head_group(seqlen, causal),
+               thresh, drop_scale)
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, DQ_STAGES=dq_stages,
                   IS_CAUSAL=causal, ds_layout=lay["ds_layout"])
     if split:
-        launch(_bwd_split_kernel, grid, args, dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal,
-                                                   CONSUMER_REGS=CONSUMER_REGS, HAS_DROPOUT=dropout_p > 0,
-                                                   STATS_AHEAD=head_dim in BWD_STATS_AHEAD_HEAD_DIMS, num_warps=4))
-    else:
-        launch(_bwd_kernel, grid, args, dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS,
-                                             STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
-                                             STATS_AHEAD=head_dim in BWD_STATS_AHEAD_HEAD_DIMS,
-                                             EARLY_RELEASE=head_dim in BWD_EARLY_RELEASE_HEAD_DIMS))
-    scale_cast(dqa, softmax_scale, dq)  # one pass over the float32 buffer
+        return Prepared(_bwd_split_kernel, grid, numbers,
+                        dict(consts, KV_BUFFERS=BWD_SPLIT_KV_BUFFERS, PAIRED=causal, CONSUMER_REGS=CONSUMER_REGS,
+                             HAS_DROPOUT=dropout_p > 0, STATS_AHEAD=head_dim in BWD_STATS_AHEAD_HEAD_DIMS,
+                             num_warps=4), descriptors)
+    return Prepared(_bwd_kernel, grid, numbers,
+                    dict(consts, WARPS=BWD_WARPS, num_warps=BWD_WARPS, STATS_AT_USE=head_dim in BWD_STATS_AT_USE_HEAD_DIMS,
+                         STATS_AHEAD=head_dim in BWD_STATS_AHEAD_HEAD_DIMS,
+                         EARLY_RELEASE=head_dim in BWD_EARLY_RELEASE_HEAD_DIMS), descriptors)

@@ -264,6 +264,25 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
            tail)
 
 
+class Prepared:
+    """A launch worked out but for its leading tensors: `prepared(*tensors)` is launch(kernel, grid, (*tensors,
+    *numbers), constexprs), where `descriptors` (functions tensor -> host TMA descriptor) turn the first tensors into
+    the descriptors the kernel takes. A launcher prepares it once per geometry (kernels/flash.py's plans), so a call
+    does only what its tensors change."""
+
+    __slots__ = ("kernel", "grid", "numbers", "constexprs", "descriptors")
+
+    def __init__(self, kernel, grid: tuple, numbers: tuple, constexprs: dict, descriptors: tuple = ()):
+        self.kernel, self.grid, self.numbers, self.constexprs = kernel, grid, numbers, constexprs
+        self.descriptors = descriptors
+
+    def __call__(self, *tensors) -> None:
+        if self.descriptors:
+            n = len(self.descriptors)
+            tensors = (*(make(t) for make, t in zip(self.descriptors, tensors)), *tensors[n:])
+        launch(self.kernel, self.grid, (*tensors, *self.numbers), self.constexprs)
+
+
 def compiled_entries(kernel, device: int = 0) -> int:
     """How many specialisations of kernel launch() holds on device (tests)."""
     state = _KERNELS.get(id(kernel))

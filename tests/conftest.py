@@ -3,6 +3,7 @@
 The variable must be set before triton is first imported, hence here at collection time.
 """
 import os
+import sys
 
 import pytest
 import torch
@@ -24,3 +25,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def fresh_plans():
+    """kernels.flash keeps a plan per call geometry, made under the module settings of its first call; tests change
+    those settings (monkeypatch), so each test starts with none."""
+    flash = sys.modules.get("kernels.flash")
+    if flash is not None:
+        flash.clear_plans()
+    yield

@@ -90,31 +90,40 @@ def test_gluon_never_on_this_platform_without_sm90():
 
 def test_flash_fwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkeypatch):
     """`_flash_fwd` gives the Gluon forward q, k, v, fresh O and LSE and scale * log2(e), with dropout the rate and
-    the seed it returns (the backward's mask), and returns what it wrote; forced kernel choices (warp_spec True /
-    False, as tests and A/Bs ask) never reach it."""
+    the seed it returns (the backward's mask), and returns what it wrote; its launch is worked out once per call
+    geometry (`_gluon_fwd_plan`); forced kernel choices (warp_spec True / False, as tests and A/Bs ask) never reach
+    it."""
     from kernels import flash_gluon
 
-    calls = []
+    prepared, calls = [], []
 
-    def fake(q, k, v, o, lse, qk_scale, causal, dropout_p, seed):
-        calls.append((qk_scale, causal, o.shape, o.dtype, lse.shape, dropout_p, seed))
-        o.fill_(1.0)
-        lse.fill_(2.0)
+    def fake_prepare(q, k, v, o, lse, seed, qk_scale, causal, dropout_p):
+        prepared.append((qk_scale, causal, o.shape, o.dtype, lse.shape, dropout_p))
 
-    monkeypatch.setattr(flash_gluon, "gluon_forward", fake)
+        def run(q, k, v, o, lse, seed):
+            calls.append(seed)
+            o.fill_(1.0)
+            lse.fill_(2.0)
+        return run
+
+    monkeypatch.setattr(flash_gluon, "forward_launch", fake_prepare)
     q, k, v = _qkv(2, 256, 256, 4, 2, 128, torch.float16)
     o, lse, seed = F._flash_fwd(q, k, v, 0.125, True, 0.0, False, None, None, 256, 256)
-    assert calls == [(0.125 * F.LOG2E, True, q.shape, q.dtype, (2, 4, 256), 0.0, seed)]
+    assert prepared == [(0.125 * F.LOG2E, True, q.shape, q.dtype, (2, 4, 256), 0.0)] and calls == [lse]
     assert (o == 1).all() and (lse == 2).all()
+    o2, lse2, _ = F._flash_fwd(*(torch.randn_like(t) for t in (q, k, v)), 0.125, True, 0.0, False, None, None, 256, 256)
+    assert len(prepared) == 1 and calls[-1] is lse2 and o2.data_ptr() != o.data_ptr()  # the plan, fresh buffers
+    F._flash_fwd(q, k, v, 0.125, False, 0.0, False, None, None, 256, 256)
+    assert len(prepared) == 2 and not prepared[-1][1]  # another call geometry: another plan
     q64, k64, v64 = _qkv(1, 256, 256, 2, 2, 64, torch.float16)
     _, _, seed = F._flash_fwd(q64, k64, v64, 0.125, True, 0.1, False, None, None, 256, 256)
-    assert calls[-1][5:] == (0.1, seed) and seed.dtype == torch.int64
-    calls.pop()
+    assert prepared[-1][5] == 0.1 and calls[-1] is seed and seed.dtype == torch.int64 and seed.shape == (1,)
+    n = len(calls)
     if F._interpreting():  # the forced paths launch the @triton.jit kernels, which only the interpreter runs here
         for forced in (False, True):
             F._flash_fwd(q[:1, :32].float(), k[:1, :32].float(), v[:1, :32].float(), 0.125, False, 0.0, False,
                          None, None, 32, 32, warp_spec=forced)
-        assert len(calls) == 1
+        assert len(calls) == n
 
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
@@ -124,7 +133,7 @@ def test_gluon_forward_launches_on_the_direct_path(dropout_p, monkeypatch):
     from kernels import flash_gluon, launch as L
 
     seen = []
-    monkeypatch.setattr(flash_gluon, "launch", lambda kernel, grid, args, consts: seen.append((kernel, args, consts)))
+    monkeypatch.setattr(L, "launch", lambda kernel, grid, args, consts: seen.append((kernel, args, consts)))
     q, k, v = _qkv(1, 256, 256, 2, 2, 64)
     o, lse = torch.empty_like(q), torch.empty(1, 2, 256)
     seed = torch.tensor([7], dtype=torch.int64)
@@ -245,38 +254,119 @@ def test_gluon_backward_takes_head_dim_256_from_its_lengths(as_if_sm90):
 
 def test_flash_bwd_hands_supported_calls_to_gluon(as_if_sm90, any_length, monkeypatch):
     """`_flash_bwd` gives the Gluon backward dO, q, k, v, the LSE, delta and its gradient buffers (views of one
-    dqkv for packed calls) with the softmax scale, and returns what it wrote; gluon=False never reaches it."""
-    from kernels import flash_gluon
+    dqkv for packed calls) with the softmax scale, the float32 dQ buffer zeroed by the delta launch, dQ scaled and cast
+    from it, and returns what it wrote; its launches are worked out once per call geometry (`_gluon_bwd_plan`);
+    gluon=False never reaches it."""
+    from kernels import flash_gluon, launch as L
 
-    calls = []
+    prepared, calls, launched = [], [], []
 
-    def fake(do, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, dropout_p, seed, dq_accum):
-        # the float32 dQ buffer comes zeroed by the delta launch (the fake below), not allocated by the backward
-        assert dq_accum.dtype == torch.float32 and dq_accum.shape == q.shape and (dq_accum == 0).all()
-        calls.append((softmax_scale, causal, delta.shape, dq.stride(1)))
-        for i, g in enumerate((dq, dk, dv)):
-            g.fill_(i + 1)
+    def fake_prepare(q, k, v, do, dk, dv, dq_accum, lse, delta, seed, softmax_scale, causal, dropout_p):
+        prepared.append((softmax_scale, causal, delta.shape, dk.stride(1)))
 
-    def fake_preprocess(o, do, *a, out=None, zero=None):  # _flash_bwd passes its buffers
-        zero.zero_()
-        return out.zero_()
+        def run(q_, do_, k_, v_, dk, dv, dq_accum, lse_, delta, seed_):
+            calls.append((q_, do_, k_, v_, lse_, seed_))
+            dq_accum.fill_(2.0)  # dQ before the scale (the cast launch applies it)
+            dk.fill_(2)
+            dv.fill_(3)
+        return run
 
-    monkeypatch.setattr(flash_gluon, "gluon_backward", fake)
-    monkeypatch.setattr(F, "bwd_preprocess", fake_preprocess)
+    def fake_launch(kernel, grid, args, consts):  # the delta and cast launches, by the kernels' arithmetic
+        launched.append(kernel)
+        if kernel is F._bwd_preprocess_kernel:
+            o, do, delta, zero = args[:4]
+            assert consts["ZERO_FILL"] and zero.dtype == torch.float32 and zero.shape == o.shape
+            zero.zero_()
+            delta.copy_((o.float() * do.float()).sum(-1).transpose(1, 2))
+        else:
+            src, dst, _, _, scale = args
+            dst.copy_(src * scale)
+
+    monkeypatch.setattr(flash_gluon, "backward_launch", fake_prepare)
+    monkeypatch.setattr(L, "launch", fake_launch)
     q, k, v = _qkv(2, 256, 256, 4, 4, 128, torch.float16)
     lse = torch.zeros(2, 4, 256)
-    grads = F._flash_bwd(torch.randn_like(q), q, k, v, q, lse, lse, 0.125, True, 0.0, False, None, None, 256, 256)
-    assert calls == [(0.125, True, (2, 4, 256), 4 * 128)]
-    assert all((g == i + 1).all() for i, g in enumerate(grads))
+    do = torch.randn_like(q)
+    grads = F._flash_bwd(do, q, k, v, q, lse, lse, 0.125, True, 0.0, False, None, None, 256, 256)
+    assert prepared == [(0.125, True, (2, 4, 256), 4 * 128)]
+    assert launched == [F._bwd_preprocess_kernel, F._scale_cast_kernel]
+    assert calls[0][0] is q and calls[0][1] is do and calls[0][4] is lse and calls[0][5] is lse  # no dropout: lse
+    assert all((g == i + 1).all() for i, g in enumerate((grads[0] * 4, *grads[1:])))  # dQ = 2 * 0.125 * 4
+    grads2 = F._flash_bwd(do, q, k, v, q, lse, lse, 0.125, True, 0.0, False, None, None, 256, 256)
+    assert len(prepared) == 1 and grads2[0].data_ptr() != grads[0].data_ptr()  # the plan, fresh buffers
     qkv = torch.stack((q, k, v), dim=2)
     dqkv = F._bwd_packed(torch.randn_like(q), qkv, q, lse, lse, None, 256, 0.125, False, 0.0)
-    assert calls[1] == (0.125, False, (2, 4, 256), 3 * 4 * 128)  # written into the packed gradient's views
-    assert all((dqkv[:, :, i] == i + 1).all() for i in range(3))
+    assert prepared[1] == (0.125, False, (2, 4, 256), 3 * 4 * 128)  # written into the packed gradient's views
+    assert (dqkv[:, :, 0] == 0.25).all() and (dqkv[:, :, 1] == 2).all() and (dqkv[:, :, 2] == 3).all()
+    n = len(calls)
     if F._interpreting():  # the forced path launches the @triton.jit kernels, which only the interpreter runs here
+        monkeypatch.undo()
         q32, k32, v32 = (x[:1, :32].float() for x in (q, k, v))
         F._flash_bwd(torch.randn_like(q32), q32, k32, v32, q32, lse[:1, :, :32].contiguous(), lse, 0.125, False, 0.0,
                      False, None, None, 32, 32, gluon=False)
-        assert len(calls) == 2
+        assert len(calls) == n
+
+
+def test_tensor_geometry_answers_as_the_tensor():
+    """The plans' checks run on TensorGeometry stand-ins: each must answer what the tensor answers (the address only
+    modulo 16), on the layouts the launchers meet and the ones they refuse."""
+    base = torch.randn(2, 64, 3, 4, 32, dtype=torch.bfloat16)
+    flat = torch.randn(4 * 64 * 4 * 32 + 8, dtype=torch.float16)
+    tensors = [base, *base.unbind(2), base[:, :, 0].transpose(1, 2), base[:1], base[:, :0], base[:, 5:9, 1],
+               flat[1:1 + 2 * 64 * 4 * 32].view(2, 64, 4, 32), torch.randn(1, 1, 4, 1), torch.randn(4, 1, 1, 8)[:, :, :, ::2],
+               torch.randn(3, 5).t(), torch.zeros(1, dtype=torch.int64), torch.randn(2, 4, 64)]
+    for t in tensors:
+        g = F.TensorGeometry(t)
+        assert (g.shape, g.stride(), g.dtype, g.device, g.is_cuda) == (t.shape, t.stride(), t.dtype, t.device, t.is_cuda)
+        assert all(g.stride(i) == t.stride(i) for i in range(-t.dim(), t.dim()))
+        assert (g.data_ptr(), g.element_size(), g.numel(), g.dim()) == (t.data_ptr() % 16, t.element_size(), t.numel(),
+                                                                        t.dim())
+        assert g.is_contiguous() == t.is_contiguous(), tuple(t.shape)
+        if t.dim() == 4:
+            assert F._ws_layout_problem(g, False) == F._ws_layout_problem(t, False)
+        assert g == F.TensorGeometry(t.clone()) or not t.is_contiguous() or t.data_ptr() % 16
+    for shape, dtype in (((2, 64, 4, 32), torch.float32), ((1,), torch.int64), ((0, 3), torch.bfloat16)):
+        assert F.TensorGeometry.fresh(shape, dtype, torch.device("cpu")) == F.TensorGeometry(torch.empty(shape, dtype=dtype))
+
+
+def test_plans_follow_the_call_geometry(as_if_sm90, any_length, monkeypatch):
+    """A plan is made per call geometry and per switch its checks read: an input 16-byte aligned or not, deterministic
+    mode, FLASH_GLUON. A call that differs in any of them from one that took the Gluon kernels is checked again."""
+    from kernels import flash_gluon, launch as L
+
+    taken = []
+    monkeypatch.setattr(L, "launch", lambda kernel, grid, args, consts: taken.append(kernel.fn.__module__))
+    monkeypatch.setattr(F, "_launch", lambda kind, *a: taken.append(kind))
+    monkeypatch.setattr(flash_gluon, "_sm_count", lambda device: 132)  # the persistent grids' programs, as on an H100
+
+    def backward(q, k, v):
+        taken.clear()
+        F._flash_bwd(torch.randn_like(q), q, k, v, torch.randn_like(q), torch.zeros(1, 2, 256), None, 0.125, True,
+                     0.0, False, None, None, 256, 256)
+        return "gluon" if "kernels.flash_gluon" in taken else "jit"
+
+    def forward(q, k, v):
+        taken.clear()
+        F._flash_fwd(q, k, v, 0.125, True, 0.0, False, None, None, 256, 256)
+        return "gluon" if "kernels.flash_gluon" in taken else "jit"
+
+    q, k, v = _qkv(1, 256, 256, 2, 2, 64)
+    buf = torch.empty(q.numel() + 8, dtype=q.dtype)
+    q_off = buf[1:1 + q.numel()].view(q.shape)  # the same shape and strides, 2 bytes past an aligned address
+    q_off.copy_(q)
+    assert backward(q, k, v) == "gluon" and forward(q, k, v) == "gluon"
+    assert backward(q_off, k, v) == "jit" and forward(q_off, k, v) == "jit"
+    assert backward(q.clone(), k, v) == "gluon" and forward(q.clone(), k, v) == "gluon"
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert backward(q, k, v) == "jit" and forward(q, k, v) == "gluon"  # the forward adds in a fixed order
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: False)
+    monkeypatch.setattr(F, "GLUON_KERNELS", False)
+    assert backward(q, k, v) == "jit" and forward(q, k, v) == "jit"
+    monkeypatch.setattr(F, "GLUON_KERNELS", True)
+    monkeypatch.setattr(flash_gluon, "BWD_MIN_SEQLEN", dict.fromkeys(flash_gluon.BWD_MIN_SEQLEN, 4096))
+    assert backward(q, k, v) == "gluon"  # a module setting is read when the plan is made ...
+    F.clear_plans()
+    assert backward(q, k, v) == "jit"  # ... so a change after a first call needs clear_plans()
 
 
 def bwd_compile_sm90(head_dim: int, causal: bool, tiles: tuple | None = None, patch: str = "",

@@ -20,6 +20,7 @@ import torch  # noqa: E402
 
 import kernels.flash as F  # noqa: E402
 import kernels.flash_gluon as G  # noqa: E402
+import kernels.launch as L  # noqa: E402
 from bench_host_overhead import host_us  # noqa: E402
 
 launched = []
@@ -38,7 +39,7 @@ def stub_launches(launch):
     """Every Triton / Gluon launch of kernels.flash and kernels.flash_gluon goes to `launch` (kernel, grid, args,
     constexprs) instead; the Hopper-only checks answer as on the H100 (sm_90, 132 SMs); flash_gluon's zero-fills are
     empty allocations (on the GPU an asynchronous memset, here a CPU one). launch_records.py uses it too."""
-    F.launch = G.launch = launch
+    F.launch = G.launch = L.launch = launch  # kernels.launch's own: the launchers' prepared launches (L.Prepared)
     F._ws_platform_unsupported = lambda q: None
     G._sm_count = lambda device: 132
     G.torch = _TorchZerosAsEmpty()
