@@ -1399,7 +1399,7 @@ def _gluon_fwd_setup(q, k, v, softmax_scale, causal, dropout_p, out_dtype, switc
     o = TensorGeometry.fresh(plan.o_shape, plan.o_dtype, q.device)
     lse = TensorGeometry.fresh(plan.lse_shape, torch.float32, q.device)
     seed = TensorGeometry.fresh((1,), torch.int64, q.device) if plan.dropout else lse
-    plan.kernel = forward_launch(q, k, v, o, lse, seed, softmax_scale * LOG2E, causal, dropout_p)
+    plan.kernel = forward_launch(q, k, v, o, lse, seed, softmax_scale * LOG2E, causal, dropout_p=dropout_p)
     return plan
 
 
@@ -1454,7 +1454,8 @@ def _gluon_bwd_setup(do, q, k, v, o, lse, seed, grads, grad_dtype, softmax_scale
     plan.device, plan.q_shape, plan.delta_shape, plan.fresh_grads = device, q.shape, delta.shape, fresh_grads
     plan.dropout = dropout_p > 0
     plan.preprocess = _bwd_preprocess_launch(o, do, delta, dq_accum, False, q.shape[0], q.shape[1])
-    plan.kernel = backward_launch(q, k, v, do, dk, dv, dq_accum, lse, delta, seed, softmax_scale, causal, dropout_p)
+    plan.kernel = backward_launch(q, k, v, do, dk, dv, dq_accum, lse, delta, seed, softmax_scale, causal,
+                                  dropout_p=dropout_p)
     plan.cast = _scale_cast_launch(dq_accum, softmax_scale, dq)
     return plan
 

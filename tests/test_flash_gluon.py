@@ -490,8 +490,8 @@ def test_gpu_gluon_head_dims_64_256_match_reference(head_dim, causal, any_length
 
 
 def _launcher_spy(monkeypatch, name: str, programs) -> list:
-    """flash_gluon.<name> (gluon_forward / gluon_backward) launched with at most `programs` programs; returns the list
-    of the dropout_p of each call."""
+    """flash_gluon.<name> (forward_launch / backward_launch: what kernels.flash's plans prepare once per call geometry)
+    made with at most `programs` programs; returns the list of the dropout_p of each plan made."""
     from kernels import flash_gluon
 
     calls = []
@@ -515,7 +515,7 @@ def test_gpu_gluon_dropout_forward_matches_reference(causal, programs, any_lengt
     b, n, h, hk, p = 2, 512, 4, 2, 0.2
     q, k, v = (x.requires_grad_() for x in _qkv(b, n, n, h, hk, 64, torch.bfloat16, "cuda"))
     assert _why(q, k, v, causal, dropout_p=p) is None
-    calls = _launcher_spy(monkeypatch, "gluon_forward", programs)
+    calls = _launcher_spy(monkeypatch, "forward_launch", programs)
     torch.manual_seed(5)
     mask = F.dropout_keep_mask(F.draw_dropout_seed("cuda"), b, h, n, n, p)
     check_against_reference(q, k, v, causal=causal, dropout_mask=mask, dropout_p=p, seed=5)
@@ -538,7 +538,7 @@ def test_gpu_gluon_dropout_backward_matches_reference(causal, programs, any_leng
     q, k, v = (x.requires_grad_() for x in _qkv(b, n, n, h, h, 64, torch.bfloat16, "cuda"))
     lse = torch.empty(b, h, n, device="cuda")
     assert F._gluon_bwd_unsupported(q, k, v, q, lse, lse, (q, k, v), causal, p, False) is None
-    calls = _launcher_spy(monkeypatch, "gluon_backward", programs)
+    calls = _launcher_spy(monkeypatch, "backward_launch", programs)
     torch.manual_seed(5)
     mask = F.dropout_keep_mask(F.draw_dropout_seed("cuda"), b, h, n, n, p)
     check_against_reference(q, k, v, causal=causal, dropout_mask=mask, dropout_p=p, seed=5)
@@ -787,8 +787,8 @@ def test_gpu_gluon_backward_chosen_automatically(monkeypatch):
     from kernels import flash_gluon
 
     calls = []
-    real = flash_gluon.gluon_backward
-    monkeypatch.setattr(flash_gluon, "gluon_backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = flash_gluon.backward_launch  # what kernels.flash's plan for this call geometry prepares
+    monkeypatch.setattr(flash_gluon, "backward_launch", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     q, k, v = (x.requires_grad_() for x in _qkv(1, 2048, 2048, 4, 4, 128, torch.bfloat16, "cuda"))
     F.flash_attn_func(q, k, v, causal=True).sum().backward()
     assert calls == [1] and not torch.isnan(q.grad).any()

@@ -4,8 +4,8 @@ Every Triton / Gluon launch is replaced by a no-op (kernels.launch.launch), the 
 H100, and flash_gluon's dQ zero-fill becomes an empty allocation (on the GPU it is an asynchronous memset, here a CPU
 one). So what is timed is the Python between the launches: the Gluon path's checks, allocations and descriptors,
 against the @triton.jit path's. One head of 1,024 tokens (the Gluon backward takes dropout from 1K), head dim 64,
-causal, dropout 0.1; median of 7 rounds of 300 calls (scripts/bench_host_overhead.py's host_us); then the Gluon
-path's cProfile.
+causal, dropout 0.1 (the forwards: without dropout); median of 7 rounds of 300 calls (scripts/bench_host_overhead.py's
+host_us); then the Gluon backward's cProfile.
 
     FLASH_AUTOTUNE=0 python results/attention/host_python/launchers_cpu.py
 """
@@ -54,14 +54,19 @@ def backward(gluon: bool):
     return F._flash_bwd(do, q, k, v, o, lse, seed, 0.125, True, 0.1, False, None, None, n, n, gluon=gluon)
 
 
+def forward(warp_spec):  # no dropout: the Gluon forward takes GPT-2's causal 1K from 4K tokens with dropout
+    return F._flash_fwd(q, k, v, 0.125, True, 0.0, False, None, None, n, n, warp_spec=warp_spec)
+
+
 def main():
     stub_launches(_no_launch)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; Python time per call, launches stubbed")
-    for label, gluon in (("Gluon backward", True), ("@triton.jit backward", False)):
+    for label, call in (("Gluon backward", lambda: backward(True)), ("@triton.jit backward", lambda: backward(False)),
+                        ("Gluon forward", lambda: forward(None)), ("@triton.jit forward", lambda: forward(False))):
         launched.clear()
-        backward(gluon)
+        call()
         names = ", ".join(launched)
-        print(f"{label:22s} {host_us(lambda: backward(gluon), repeats=7):7.1f} us   launches: {names}")
+        print(f"{label:22s} {host_us(call, repeats=7):7.1f} us   launches: {names}")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(500):
