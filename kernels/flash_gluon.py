@@ -623,12 +623,14 @@ class HeadTiles:
     TensorDescriptor.__post_init__'s checks of the same things: 4 a forward call and 7 a backward call, where at 1K
     tokens the host time of a forward+backward is about as long as its kernels."""
 
-    __slots__ = ("fields",)
+    __slots__ = ("fields", "parts")
 
     def __init__(self, geometry, block_rows: int, layout):
         batch, seqlen, nheads, head_dim = geometry.shape
         self.fields = dict(shape=[batch * seqlen, nheads * head_dim], strides=[geometry.stride(1), 1],
                            block_shape=[block_rows, head_dim], layout=layout, padding="zero")
+        # what kernels/launch.py's bound Prepared hands the runner beside the base, instead of a descriptor
+        self.parts = (self.fields["shape"], self.fields["strides"], self.fields["padding"])
 
     def __call__(self, t: torch.Tensor) -> TensorDescriptor:
         desc = object.__new__(TensorDescriptor)

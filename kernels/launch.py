@@ -27,6 +27,9 @@ A kept kernel is called past Triton's Python wrapper of its CUDA launcher where 
 `_runner` knows (Triton 3.6: no scratch memory, host TMA descriptors first): the wrapper walks every argument to
 find the descriptors on each call, and a Gluon backward passes seven of them (session 47,
 results/attention/host_profile/).
+
+`Prepared` is a launch worked out once for a call geometry but for its tensors (kernels/flash.py's plans). Reused, it
+binds to the runner launch() keeps and skips the key as well (session 48, results/attention/host_plans/).
 """
 from __future__ import annotations
 
@@ -210,29 +213,30 @@ def _runner(compiled, leading: tuple):
     encodings = [(m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"])
                  for m in metas]
 
-    def with_descriptors(gx, gy, gz, stream, args, tail):
+    def from_parts(gx, gy, gz, stream, parts, rest, tail):
         expanded = []
-        for desc, (swizzle, elem_size, elem_type, block) in zip(args, encodings):
-            shape, strides = desc.shape, desc.strides
-            expanded.append(fill(desc.base.data_ptr(), swizzle, elem_size, elem_type, block, shape, strides,
-                                 1 if desc.padding == "nan" else 0))
+        for (base, shape, strides, padding), (swizzle, elem_size, elem_type, block) in zip(parts, encodings):
+            expanded.append(fill(base.data_ptr(), swizzle, elem_size, elem_type, block, shape, strides,
+                                 1 if padding == "nan" else 0))
             expanded += shape
             expanded += strides
-        raw(gx, gy, gz, stream, function, coop, pdl, None, None, metadata, None, None, None, *expanded,
-            *args[n_desc:], *tail)
+        raw(gx, gy, gz, stream, function, coop, pdl, None, None, metadata, None, None, None, *expanded, *rest, *tail)
+
+    def with_descriptors(gx, gy, gz, stream, args, tail):
+        from_parts(gx, gy, gz, stream, [(d.base, d.shape, d.strides, d.padding) for d in args[:n_desc]],
+                   args[n_desc:], tail)
+    # a bound Prepared hands the descriptors' parts (base tensor, shape, strides, padding) without building them
+    with_descriptors.from_parts = from_parts
     return with_descriptors
 
 
-def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
-    """kernel[grid](*args, **constexprs), through the compiled kernel's own launcher when this specialisation
-    was launched before. `constexprs` holds the constexpr parameters and the launch options (num_warps, ...)."""
-    if _interpreting():
-        kernel[grid](*args, **constexprs)
-        return
+def _slot(kernel, args: tuple, constexprs: dict):
+    """(device, its cache of kernel, key, whether the unkeyed ints fit 32 bits, the arguments after the leading
+    tensors / descriptors) of this launch, or None where it always takes kernel[grid](...): another layout of the
+    arguments, a launch hook."""
     _, layout, by_device = _state(kernel, args)
     if layout is None or layout[0] != len(args) or _launch_hooked():
-        kernel[grid](*args, **constexprs)
-        return
+        return None
     _, n, keyed, unkeyed = layout
     rest = args[n:]
     try:
@@ -240,12 +244,22 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
         key = (tuple(constexprs.items()), leading, keyed(rest))
         small = _fits_int32(unkeyed(rest))
     except (AttributeError, IndexError):  # a call laid out unlike the first one: no key for it
-        kernel[grid](*args, **constexprs)
-        return
+        return None
     device = _current_device()
     cache = by_device.get(device)
     if cache is None:
         cache = by_device[device] = {}
+    return device, cache, key, small, rest
+
+
+def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
+    """kernel[grid](*args, **constexprs), through the compiled kernel's own launcher when this specialisation
+    was launched before. `constexprs` holds the constexpr parameters and the launch options (num_warps, ...)."""
+    slot = None if _interpreting() else _slot(kernel, args, constexprs)
+    if slot is None:
+        kernel[grid](*args, **constexprs)
+        return
+    device, cache, key, small, rest = slot
     entry = cache.get(key) if small else None
     if entry is None:
         compiled = kernel[grid](*args, **constexprs)
@@ -257,7 +271,7 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
             if len(cache) >= _MAX_ENTRIES:
                 cache.clear()
             compiled._init_handles()
-            cache[key] = (_runner(compiled, leading), _tail(kernel, len(args), constexprs))
+            cache[key] = (_runner(compiled, key[1]), _tail(kernel, len(args), constexprs))
         return
     runner, tail = entry
     runner(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, _current_stream(device), args,
@@ -267,20 +281,63 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
 class Prepared:
     """A launch worked out but for its leading tensors: `prepared(*tensors)` is launch(kernel, grid, (*tensors,
     *numbers), constexprs), where `descriptors` (functions tensor -> host TMA descriptor) turn the first tensors into
-    the descriptors the kernel takes. A launcher prepares it once per geometry (kernels/flash.py's plans), so a call
-    does only what its tensors change."""
+    the descriptors the kernel takes. A launcher prepares it once per call geometry (kernels/flash.py's plans), so a
+    call does only what its tensors change.
 
-    __slots__ = ("kernel", "grid", "numbers", "constexprs", "descriptors")
+    Reused, it binds: from its third call on it calls the kept specialisation's runner itself (what launch() would
+    find), without working out launch()'s key again. That is exact for tensors of the geometry it was prepared for,
+    which is the contract: the key's other parts are the prepared numbers and constexprs, and what it reads of the
+    tensors is their dtypes and 16-byte alignment, both fixed by a plan's geometry (its inputs' are part of the plan's
+    key, and the buffers it allocates come from torch's allocator, aligned to 512 bytes on CUDA). A launch hook, the
+    interpreter or another current device take launch() again."""
+
+    __slots__ = ("kernel", "grid", "numbers", "constexprs", "descriptors", "_bound", "_calls")
 
     def __init__(self, kernel, grid: tuple, numbers: tuple, constexprs: dict, descriptors: tuple = ()):
         self.kernel, self.grid, self.numbers, self.constexprs = kernel, grid, numbers, constexprs
         self.descriptors = descriptors
+        self._bound = None  # (device, runner, tail, grid x, y, z, the runner's descriptor-parts entry or None)
+        self._calls = 0
 
     def __call__(self, *tensors) -> None:
+        bound = self._bound
+        if bound is not None and not _launch_hooked() and _current_device() == bound[0]:
+            device, runner, tail, gx, gy, gz, from_parts = bound
+            n = len(self.descriptors)
+            if from_parts is not None:  # the descriptors' parts straight to the runner: no descriptor objects
+                from_parts(gx, gy, gz, _current_stream(device),
+                           [(t, *make.parts) for make, t in zip(self.descriptors, tensors)],
+                           (*tensors[n:], *self.numbers), tail)
+            else:
+                runner(gx, gy, gz, _current_stream(device),
+                       (*(make(t) for make, t in zip(self.descriptors, tensors)), *tensors[n:], *self.numbers), tail)
+            return
         if self.descriptors:
             n = len(self.descriptors)
             tensors = (*(make(t) for make, t in zip(self.descriptors, tensors)), *tensors[n:])
-        launch(self.kernel, self.grid, (*tensors, *self.numbers), self.constexprs)
+        args = (*tensors, *self.numbers)
+        launch(self.kernel, self.grid, args, self.constexprs)
+        self._calls += 1
+        if self._calls == 2 and not _interpreting():  # a one-off launch (the public launchers) does not bind
+            self._bind(args)
+
+    def _bind(self, args: tuple) -> None:
+        state = _KERNELS.get(id(self.kernel))
+        if state is None or not any(state[2].values()):  # nothing kept (launch() replaced, as tools on the CPU do)
+            return
+        slot = _slot(self.kernel, args, self.constexprs)
+        entry = slot[1].get(slot[2]) if slot is not None and slot[3] else None
+        if entry is not None:
+            grid = self.grid
+            # the parts path where the runner takes them and every descriptor maker says its parts (`.parts`:
+            # shape, strides, padding, as kernels/flash_gluon.py's HeadTiles does)
+            from_parts = getattr(entry[0], "from_parts", None)
+            n_desc = sum(leading[0] in _DESCRIPTORS for leading in slot[2][1])
+            if (not self.descriptors or n_desc != len(self.descriptors)
+                    or not all(hasattr(make, "parts") for make in self.descriptors)):
+                from_parts = None
+            self._bound = (slot[0], *entry, grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                           from_parts)
 
 
 def compiled_entries(kernel, device: int = 0) -> int:

@@ -121,6 +121,52 @@ def test_nan_is_never_kept_and_the_cache_is_bounded(fake, monkeypatch):
     assert paths(fake)[-1] == "direct"
 
 
+def test_prepared_launch_binds_to_the_kept_runner(fake, monkeypatch):
+    """A reused Prepared calls the runner launch() keeps, with the same arguments, from its third call; a launch hook
+    or another current device sends it through launch() again, and a one-off Prepared never looks its entry up."""
+    x, y = torch.zeros(4), torch.zeros(4)
+    prepared = L.Prepared(fake, (3, 2), (64, 16, 1000, 0.5), {"BLOCK": 32, "num_warps": 4})
+    slots = []
+    real_slot = L._slot
+    monkeypatch.setattr(L, "_slot", lambda *a: slots.append(1) or real_slot(*a))
+    for _ in range(4):
+        prepared(x, y)
+    assert paths(fake) == ["triton", "direct", "direct", "direct"]
+    assert fake.log[1] == fake.log[2] == fake.log[3]  # the runner's arguments: grid, stream, args, constexprs
+    assert len(slots) == 3  # launch() twice, the bind once; none for the bound calls
+    monkeypatch.setattr(L, "_launch_hooked", lambda: True)
+    prepared(x, y)
+    assert paths(fake)[-1] == "triton"
+    monkeypatch.setattr(L, "_launch_hooked", lambda: False)
+    monkeypatch.setattr(L, "_current_device", lambda: 1)
+    prepared(x, y)
+    assert paths(fake)[-1] == "triton"  # device 1 has no kept entry yet: compiled there through Triton
+    # descriptors: bound, their parts go straight to a runner that takes them (no descriptor objects)
+    class Maker:
+        parts = ([64, 64], [64, 1], "zero")
+
+        def __call__(self, t):
+            return ("descriptor of", t)
+    handed = []
+
+    def runner(*a):
+        handed.append(("descriptor objects", a))
+    runner.from_parts = lambda *a: handed.append(("parts", a))
+    with_desc = L.Prepared(fake, (1,), (64, 16, 1000, 0.5), {"BLOCK": 32}, (Maker(),))
+    with_desc._bound = (1, runner, ("tail",), 1, 1, 1, runner.from_parts)
+    with_desc(x, y)
+    assert handed == [("parts", (1, 1, 1, "stream", [(x, [64, 64], [64, 1], "zero")], (y, 64, 16, 1000, 0.5),
+                                 ("tail",)))]
+    with_desc._bound = (1, runner, ("tail",), 1, 1, 1, None)
+    with_desc(x, y)
+    assert handed[-1] == ("descriptor objects", (1, 1, 1, "stream", (("descriptor of", x), y, 64, 16, 1000, 0.5),
+                                                 ("tail",)))
+    one_off = L.Prepared(fake, (3, 2), (64, 16, 1000, 0.5), {"BLOCK": 32, "num_warps": 4})
+    slots.clear()
+    one_off(x, y)
+    assert len(slots) == 1 and one_off._bound is None
+
+
 def test_hooks_and_interpreter_take_triton_path(fake, monkeypatch):
     x, y = torch.zeros(64), torch.zeros(64)
     args = (x, y, 64, 16, 1000, 0.5)
@@ -242,8 +288,12 @@ def test_gpu_gluon_direct_launches_match_triton_launches(dropout_p, monkeypatch)
     run()  # keeps the compiled kernels
     assert L.compiled_entries(flash_gluon._bwd_split_kernel) > 0  # the Gluon backward ran, through launch()
     before = L.cached_specialisations()
-    fast = run()
+    fast = run()  # the plans' prepared launches bound (Prepared._bind): the kept runners, no key
     assert L.cached_specialisations() == before
+    from kernels import flash as F
+
+    backward, = (p for p in F._PLANS.values() if isinstance(p, F._GluonBackward))
+    assert backward.kernel._bound is not None and backward.preprocess._bound is not None
     for name, a, b in zip(("out", "dq", "dk", "dv"), slow, fast):
         if name == "dq":
             torch.testing.assert_close(b, a, atol=2e-3, rtol=1e-2)
@@ -289,6 +339,9 @@ def test_runner_passes_what_tritons_own_launcher_path_passes(monkeypatch):
     assert calls[1][:13] == calls[0][:13] and calls[1][13:-4] == calls[0][13:-4]
     assert calls[1][-4] is calls[0][-4]  # the same tensor, then the numbers and the constexpr
     assert calls[1][-3:] == calls[0][-3:] == (7, 0.5, 32)
+    # a bound Prepared hands the descriptors' parts instead: the same call
+    runner.from_parts(3, 2, 1, "stream", [(d.base, d.shape, d.strides, d.padding) for d in args[:2]], args[2:], tail)
+    assert calls[2][:-3] == calls[1][:-3] and calls[2][-4] is calls[1][-4] and calls[2][-3:] == calls[1][-3:]
     # a launcher with scratch memory keeps compiled.run
     run.global_scratch_size = 128
     assert L._runner(compiled, tuple(map(L._leading_key, args[:3]))).__name__ == "generic"
