@@ -54,6 +54,8 @@ import triton
 import triton.language as tl
 
 from kernels.flash import (
+    TensorGeometry,
+    _bwd_preprocess_launch,
     _drop_consts,
     LOG2E,
     _block_d,
@@ -65,7 +67,6 @@ from kernels.flash import (
     aligned_lse_strides,
     bwd_dkdv_block_step,
     bwd_dq_block_step,
-    bwd_preprocess,
     check_inputs,
     draw_dropout_seed,
     fwd_block_step,
@@ -75,11 +76,12 @@ from kernels.flash import (
     lse_aligned,
     lse_shape,
     lse_strides,
+    _plan,
     problem_sizes,
     seq_bounds,
 )
 from kernels import ops
-from kernels.launch import launch
+from kernels.launch import Prepared
 from kernels.sparsity import BlockSparseLayout, cdiv, check_layout_tensor
 from kernels.standard import standard_attention
 
@@ -553,32 +555,98 @@ def _kernel_tables(layout: BlockSparseLayout, causal: bool, head_dim: int, devic
 def _bs_forward(q, k, v, tables, block_size, causal, sm_scale, dropout_p, cu_q=None, cu_k=None, max_q=None,
                 max_k=None):
     """Dense: q (batch, seqlen_q, nheads, d). Varlen (cu_q given): q (total_q, nheads, d), the tables
-    built for the layout's own lengths and the grid sized by the longest sequence."""
+    built for the layout's own lengths and the grid sized by the longest sequence. Through a plan per call geometry
+    (kernels/flash.py's `_plan`): the launch's arguments are worked out once per geometry, a call allocates and
+    launches."""
+    geometry, varlen = TensorGeometry, cu_q is not None
+    plan = _plan(_bs_fwd_setup, (
+        geometry(q), geometry(k), geometry(v), tuple(map(geometry, tables[:3])),
+        geometry(cu_q) if varlen else None, geometry(cu_k) if varlen else None, max_q if varlen else None,
+        max_k if varlen else None, block_size, causal, sm_scale, dropout_p, _interpreting()))
+    return plan(q, k, v, tables, cu_q, cu_k)
+
+
+class _BlockSparseForward:
+    """One call geometry's forward launch, worked out by `_bs_fwd_setup`."""
+
+    __slots__ = ("device", "o_shape", "o_dtype", "lse_shape", "dropout", "varlen", "kernel")
+
+    def __call__(self, q, k, v, tables, cu_q, cu_k):
+        device = self.device
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=device)
+        o = torch.empty(self.o_shape, dtype=self.o_dtype, device=device)
+        # a tensor of its own without dropout: the operator's outputs may not alias
+        seed = draw_dropout_seed(device) if self.dropout else torch.zeros(1, dtype=torch.int64, device=device)
+        self.kernel(q, k, v, o, lse, seed, tables[0], tables[1], tables[2], cu_q if self.varlen else lse,
+                    cu_k if self.varlen else lse)
+        return o, lse, seed
+
+
+def _bs_fwd_setup(q, k, v, fwd_tables, cu_q, cu_k, max_q, max_k, block_size, causal, sm_scale, dropout_p,
+                  interpreting):
+    """`_bs_forward`'s plan from the call's geometries (kernels.flash.TensorGeometry)."""
     varlen = cu_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
     batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
     if varlen:  # the maxima only size the grid: keep their divisibility by 16 fixed (see kernels/flash.py)
         max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
-    lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
+    plan = _BlockSparseForward()
+    plan.device, plan.o_shape, plan.o_dtype, plan.varlen = q.device, q.shape, q.dtype, varlen
+    plan.lse_shape, plan.dropout = lse_shape(q, varlen), dropout_p > 0
+    lse = TensorGeometry.fresh(plan.lse_shape, torch.float32, q.device)
+    o = TensorGeometry.fresh(q.shape, q.dtype, q.device)
     slb, slh = lse_strides(lse, varlen)
     bm, bn, warps, stages = _tiles("fwd", block_size, d)
-    row_full, row_part, row_idx = tables[:3]
-    o = q.new_empty(q.shape)
-    seed = draw_dropout_seed(q.device) if dropout_p > 0 else torch.zeros(1, dtype=torch.int64, device=q.device)
+    row_full, _, row_idx = fwd_tables
     thresh, drop_scale = _drop_consts(dropout_p)
-    launch(_bs_fwd_kernel, (cdiv(max_q, bm), batch * nheads),
-           (q, k, v, o, lse, seed, row_full, row_part, row_idx, cu_q if varlen else lse, cu_k if varlen else lse,
-            *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), slb, slh,
-            _lay_stride(row_full), row_idx.shape[-1], nheads, nheads // k.shape[-2], max_q, max_k,
-            sm_scale * LOG2E, thresh, drop_scale),
-           dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
-                VARLEN=varlen, IDX_WIDTH=_width(row_idx) if varlen else 16, num_warps=warps, num_stages=stages))
-    return o, lse, seed
+    plan.kernel = Prepared(
+        _bs_fwd_kernel, (cdiv(max_q, bm), batch * nheads),
+        (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), slb, slh,
+         _lay_stride(row_full), row_idx.shape[-1], nheads, nheads // k.shape[-2], max_q, max_k, sm_scale * LOG2E,
+         thresh, drop_scale),
+        dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
+             VARLEN=varlen, IDX_WIDTH=_width(row_idx) if varlen else 16, num_warps=warps, num_stages=stages))
+    return plan
 
 
 def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale, dropout_p, cu_q=None, cu_k=None,
                  max_q=None, max_k=None, out=None):
-    """(dq, dk, dv); out: three tensors shaped like q, k, v to write them into (views of one packed dqkv)."""
+    """(dq, dk, dv); out: three tensors shaped like q, k, v to write them into (views of one packed dqkv). Through a
+    plan per call geometry, as `_bs_forward`."""
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    geometry, varlen = TensorGeometry, cu_q is not None
+    plan = _plan(_bs_bwd_setup, (
+        geometry(do), geometry(q), geometry(k), geometry(v), geometry(o), geometry(lse), geometry(seed),
+        tuple(map(geometry, tables[3:])), geometry(cu_q) if varlen else None, geometry(cu_k) if varlen else None,
+        max_q if varlen else None, max_k if varlen else None, None if out is None else tuple(map(geometry, out)),
+        block_size, causal, sm_scale, dropout_p, _interpreting()))
+    return plan(do, q, k, v, o, lse, seed, tables, cu_q, cu_k, out)
+
+
+class _BlockSparseBackward:
+    """One call geometry's backward launches (delta, then dK/dV and dQ: one kernel or two), worked out by
+    `_bs_bwd_setup`."""
+
+    __slots__ = ("device", "delta_shape", "fresh_grads", "varlen", "preprocess", "launches")
+
+    def __call__(self, do, q, k, v, o, lse, seed, tables, cu_q, cu_k, out):
+        device = self.device
+        delta = torch.empty(self.delta_shape, dtype=torch.float32, device=device)
+        self.preprocess(o, do, delta, o, cu_q if self.varlen else o)
+        if out is None:
+            dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.fresh_grads)
+        else:
+            dq, dk, dv = out
+        cu_q_arg, cu_k_arg = (cu_q, cu_k) if self.varlen else (lse, lse)
+        for kernel in self.launches:
+            kernel(q, k, v, do, dq, dk, dv, lse, delta, seed, *tables[3:], cu_q_arg, cu_k_arg)
+        return dq, dk, dv
+
+
+def _bs_bwd_setup(do, q, k, v, o, lse, seed, bwd_tables, cu_q, cu_k, max_q, max_k, grads, block_size, causal,
+                  sm_scale, dropout_p, interpreting):
+    """`_bs_backward`'s plan from the call's geometries (kernels.flash.TensorGeometry)."""
     varlen = cu_q is not None
     nheads, d = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
@@ -587,31 +655,34 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
     if varlen:
         max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     slb, slh = lse_strides(lse, varlen)
-    if do.stride(-1) != 1:
-        do = do.contiguous()
-    delta = bwd_preprocess(o, do, varlen, cu_q, max_q)
-    dq, dk, dv = out if out is not None else (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+    plan = _BlockSparseBackward()
+    plan.device, plan.varlen, plan.delta_shape = q.device, varlen, lse_shape(o, varlen)
+    delta = TensorGeometry.fresh(plan.delta_shape, torch.float32, q.device)
+    plan.preprocess = _bwd_preprocess_launch(o, do, delta, None, varlen, batch, max_q if varlen else o.shape[1])
+    plan.fresh_grads = None
+    if grads is None:
+        plan.fresh_grads = tuple((t.shape, t.dtype) for t in (q, k, v))
+        grads = tuple(TensorGeometry.fresh(shape, dtype, q.device) for shape, dtype in plan.fresh_grads)
+    dq, dk, dv = grads
     thresh, drop_scale = _drop_consts(dropout_p)
     bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", block_size, d)
-    col_full, col_part, col_idx, row_full, row_part, row_idx = tables[3:]
+    col_full, _, col_idx, row_full, _, row_idx = bwd_tables
     n_kv_tiles, n_q_tiles = cdiv(max_k, bn1), cdiv(max_q, bm2)
-    args = (q, k, v, do, dq, dk, dv, lse, delta, seed, col_full, col_part, col_idx, row_full, row_part, row_idx,
-            cu_q if varlen else lse, cu_k if varlen else lse,
-            *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen),
-            *_strides(dq, varlen), *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
-            _lay_stride(col_full), col_idx.shape[-1], _lay_stride(row_full), row_idx.shape[-1],
-            n_kv_tiles, n_q_tiles, nheads, group, max_q, max_k, sm_scale, sm_scale * LOG2E, thresh, drop_scale)
+    numbers = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen),
+               *_strides(dq, varlen), *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
+               _lay_stride(col_full), col_idx.shape[-1], _lay_stride(row_full), row_idx.shape[-1],
+               n_kv_tiles, n_q_tiles, nheads, group, max_q, max_k, sm_scale, sm_scale * LOG2E, thresh, drop_scale)
     consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2, BLOCK_N2=bn2,
                   CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen,
                   COL_WIDTH=_width(col_idx) if varlen else 16, ROW_WIDTH=_width(row_idx) if varlen else 16,
                   LSE_ALIGNED=lse_aligned(slb, slh, varlen), num_warps=warps, num_stages=stages)
     bhk = batch * nheads_k
     if _bwd_mode(d) == "fused":
-        launch(_bs_bwd_kernel, (n_kv_tiles + group * n_q_tiles, bhk), args, dict(consts, ROLE=0))
+        plan.launches = (Prepared(_bs_bwd_kernel, (n_kv_tiles + group * n_q_tiles, bhk), numbers, dict(consts, ROLE=0)),)
     else:
-        launch(_bs_bwd_kernel, (n_kv_tiles, bhk), args, dict(consts, ROLE=1))
-        launch(_bs_bwd_kernel, (group * n_q_tiles, bhk), args, dict(consts, ROLE=2))
-    return dq, dk, dv
+        plan.launches = (Prepared(_bs_bwd_kernel, (n_kv_tiles, bhk), numbers, dict(consts, ROLE=1)),
+                         Prepared(_bs_bwd_kernel, (group * n_q_tiles, bhk), numbers, dict(consts, ROLE=2)))
+    return plan
 
 
 # ------------------------------------------------------------------------------------------------

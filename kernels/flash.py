@@ -1146,7 +1146,7 @@ def bwd_preprocess(o: torch.Tensor, do: torch.Tensor, varlen: bool = False, cu_s
     (contiguous, that shape) when given. zero: a float32 tensor of o's shape, unit last stride, set to 0 in the same
     launch (the Gluon backward's dQ buffer).
 
-    SHARED with kernels/blocksparse.py: keep the signature stable. o and do share the layout of q.
+    o and do share the layout of q. kernels/blocksparse.py's plans launch it through `_bwd_preprocess_launch`.
     """
     delta = torch.empty(lse_shape(o, varlen), dtype=torch.float32, device=o.device) if out is None else out
     batch, seqlen = (cu_seqlens_q.numel() - 1, max_seqlen_q) if varlen else (o.shape[0], o.shape[1])

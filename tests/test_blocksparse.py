@@ -14,7 +14,7 @@ from kernels.blocksparse import (
     compress_layout,
     tile_categories,
 )
-from kernels.flash import draw_dropout_seed, dropout_keep_mask, flash_attn_func
+from kernels.flash import _PLANS, clear_plans, draw_dropout_seed, dropout_keep_mask, flash_attn_func
 from kernels.launch import _interpreting
 from tests.test_flash import skip_tf32
 
@@ -165,14 +165,17 @@ def test_backward_launch_modes_agree(device, monkeypatch, dropout_p):
     q, k, v = rand_inputs(1, 77, 77, 4, 2, 24, torch.float16, device, seed=12)
     lay = S.random(77, 77, 32, 0.5, nheads=4, seed=5)
     do = torch.randn_like(q)
-    results = []
+    results, launches = [], []
     for mode in ("split", "fused"):
         monkeypatch.setattr(B, "_bwd_mode", lambda head_dim: mode)
+        clear_plans()  # the mode is read when a plan is made
         torch.manual_seed(3)
         if device == "cuda":
             torch.cuda.manual_seed(3)
         results.append(run(lambda x, y, z: blocksparse_attn_func(x, y, z, lay, causal=True, dropout_p=dropout_p),
                            q, k, v, do))
+        launches += [len(p.launches) for p in _PLANS.values() if isinstance(p, B._BlockSparseBackward)]
+    assert launches == [2, 1]
     for other in results[1:]:
         assert torch.equal(results[0][0], other[0])
         assert all(torch.equal(x, y) for x, y in zip(results[0][1], other[1]))

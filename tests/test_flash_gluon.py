@@ -582,6 +582,8 @@ def test_gpu_gluon_head_groups_change_the_order_not_the_results(causal, any_leng
 
     def run(group):
         monkeypatch.setattr(flash_gluon, "launch_head_group", lambda seqlen, causal: group)
+        F.clear_plans()  # the group is read when a plan is made
+        assert F._gluon_fwd_plan(q, k, v, scale, causal, 0.0, None).kernel.numbers[5] == group
         o, lse, seed = F._flash_fwd(q, k, v, scale, causal, 0.0, False, None, None, n, n)
         return (o, lse, *F._flash_bwd(do, q, k, v, o, lse, seed, scale, causal, 0.0, False, None, None, n, n))
 

@@ -1,7 +1,8 @@
 """Every launch the attention launchers make, as a canonical record, on a machine without a GPU: the reference a
 rewrite of the host path (session 47's "plan per geometry") must reproduce exactly.
 
-`kernels.flash._flash_fwd` and `_flash_bwd` run with every Triton / Gluon launch replaced by a recorder, the Hopper-only
+`kernels.flash._flash_fwd` and `_flash_bwd`, and kernels.blocksparse's `_bs_forward` and `_bs_backward`, run with every
+Triton / Gluon launch replaced by a recorder, the Hopper-only
 checks answering as on the H100 (132 SMs, sm_90) and FLASH_AUTOTUNE=0 (fixed configs). Each launch is written as its
 kernel, grid, positional arguments and constexprs. A tensor argument is written by what it is, not where it lies: the
 role of its storage (an input's name, or the n-th buffer the launchers allocated), its offset in it, shape, strides and
@@ -96,6 +97,43 @@ def case(label, batch, seqlen, nheads, nheads_k, head_dim, causal, dropout_p, dt
     print(backward[0], end="")
 
 
+def blocksparse_case(label, batch, seqlen, nheads, nheads_k, head_dim, causal, dropout_p, varlen=False):
+    """kernels.blocksparse's launchers on a random layout of 64-token blocks (dense, or varlen of three sequences)."""
+    import kernels.blocksparse as B
+    from kernels.sparsity import BlockSparseLayout
+
+    g = torch.Generator().manual_seed(0)
+    nb = seqlen // 64
+    blocks = (torch.rand(1, nb, nb, generator=g) < 0.25) | torch.eye(nb, dtype=torch.bool)
+    if varlen:
+        cu = torch.tensor([0, seqlen // 2, seqlen // 2 + seqlen // 4, seqlen], dtype=torch.int32)
+        q = torch.randn(seqlen, nheads, head_dim, generator=g).to(torch.bfloat16)
+        k, v = (torch.randn(seqlen, nheads_k, head_dim, generator=g).to(torch.bfloat16) for _ in range(2))
+        cu_q = cu_k = cu
+        max_q = max_k = seqlen // 2
+        layout = B._as_layout(BlockSparseLayout(blocks, 64, seqlen, seqlen), None, nheads, max_q, max_k, varlen=True)
+        scale = head_dim ** -0.5  # as B._varlen_setup, whose input checks want CUDA tensors here
+        tables = B._kernel_tables(layout, causal, head_dim, q.device, True, max_q, max_k)
+    else:
+        q = torch.randn(batch, seqlen, nheads, head_dim, generator=g).to(torch.bfloat16)
+        k, v = (torch.randn(batch, seqlen, nheads_k, head_dim, generator=g).to(torch.bfloat16) for _ in range(2))
+        _, causal, scale, tables = B._dense_setup(q, k, blocks, 64, None, causal)
+        cu_q = cu_k = max_q = max_k = None
+    torch.manual_seed(1)
+    o, lse, seed = B._bs_forward(q, k, v, tables, 64, causal, scale, dropout_p, cu_q, cu_k, max_q, max_k)
+    do = torch.randn(o.shape, generator=g).to(torch.bfloat16)
+    inputs = dict(q=q, k=k, v=v, o=o, lse=lse, seed=seed, do=do, **{f"table{i}": t for i, t in enumerate(tables)})
+    if varlen:
+        inputs["cu"] = cu
+    write(f"{label}: forward", Roles(**inputs))
+    backward = []
+    for _ in range(2):  # as the dense launchers' backward: a second call, from its plan where there is one
+        B._bs_backward(do, q, k, v, o, lse, seed, tables, 64, causal, scale, dropout_p, cu_q, cu_k, max_q, max_k)
+        backward.append(text(f"{label}: backward", Roles(**inputs)))
+    assert backward[0] == backward[1], label
+    print(backward[0], end="")
+
+
 def main():
     stub_launches(_record)
     print(f"# torch {torch.__version__}; FLASH_AUTOTUNE={os.environ.get('FLASH_AUTOTUNE', '1')}; launches recorded, "
@@ -109,6 +147,9 @@ def main():
     case("head dim 128, causal, dropout 0.1 (no Gluon dropout at 128)", 1, 1024, 2, 2, 128, True, 0.1)
     case("grouped-query heads (8 over 2), head dim 64", 1, 1024, 8, 2, 64, True, 0.0)
     case("300 tokens (no Gluon), head dim 64", 2, 300, 4, 4, 64, False, 0.0)
+    blocksparse_case("block-sparse, head dim 64, causal, dropout 0.1", 2, 512, 4, 4, 64, True, 0.1)
+    blocksparse_case("block-sparse, head dim 128, grouped-query heads (4 over 2)", 1, 512, 4, 2, 128, False, 0.0)
+    blocksparse_case("block-sparse varlen, head dim 64, causal", 1, 512, 4, 4, 64, True, 0.0, varlen=True)
 
 
 if __name__ == "__main__":

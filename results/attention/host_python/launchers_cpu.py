@@ -18,6 +18,7 @@ sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
 import torch  # noqa: E402
 
+import kernels.blocksparse as B  # noqa: E402
 import kernels.flash as F  # noqa: E402
 import kernels.flash_gluon as G  # noqa: E402
 import kernels.launch as L  # noqa: E402
@@ -36,10 +37,11 @@ class _TorchZerosAsEmpty:
 
 
 def stub_launches(launch):
-    """Every Triton / Gluon launch of kernels.flash and kernels.flash_gluon goes to `launch` (kernel, grid, args,
+    """Every Triton / Gluon launch of kernels.flash, kernels.flash_gluon and kernels.blocksparse goes to `launch` (kernel, grid, args,
     constexprs) instead; the Hopper-only checks answer as on the H100 (sm_90, 132 SMs); flash_gluon's zero-fills are
     empty allocations (on the GPU an asynchronous memset, here a CPU one). launch_records.py uses it too."""
-    F.launch = G.launch = L.launch = launch  # kernels.launch's own: the launchers' prepared launches (L.Prepared)
+    # kernels.launch's own too: the launchers' prepared launches (L.Prepared)
+    F.launch = G.launch = B.launch = L.launch = launch
     F._ws_platform_unsupported = lambda q: None
     G._sm_count = lambda device: 132
     G.torch = _TorchZerosAsEmpty()
