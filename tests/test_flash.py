@@ -622,3 +622,32 @@ def test_scale_cast_refuses_layouts_it_cannot_write(device):
         fl.scale_cast(src, 1.0, torch.empty(2, 8, 3, 128, device=device)[..., :64])
     with pytest.raises(ValueError, match="float32"):
         fl.scale_cast(src.half(), 1.0, torch.empty(2, 8, 3, 64, device=device))
+
+
+def test_autotuned_launch_tunes_once_per_key_then_launches_its_config(monkeypatch):
+    """`_launch` with autotuning on the GPU, the path that FLASH_AUTOTUNE=0 test runs never take: a key's first call
+    runs the tuner; later calls launch its best config through kernels/launch.py, on the grid that config gives; a key
+    that differs (a dtype) tunes again."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(fl, "_interpreting", lambda: False)
+    monkeypatch.setenv("FLASH_AUTOTUNE", "1")
+    monkeypatch.setattr(fl, "_TUNED_CONFIGS", {})
+    best = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    tuned, launched = [], []
+
+    class Tuner:
+        best_config = SimpleNamespace(all_kwargs=lambda: dict(best))
+
+        def __getitem__(self, grid):
+            return lambda *args, **consts: tuned.append((grid({"BLOCK_M": 16}), args, consts))
+
+    monkeypatch.setattr(fl, "launch", lambda kernel, grid, args, consts: launched.append((kernel, grid, args, consts)))
+    raw, args = object(), ("q", "k", 5, 7, 1024, 2048)  # tensors, numbers, then the two tuning buckets
+    grid_of = lambda m: (-(-1000 // m["BLOCK_M"]), 3)  # noqa: E731
+    for _ in range(3):
+        fl._launch("dq", raw, Tuner(), grid_of, args, {"HEAD_DIM": 64}, (torch.float16,))
+    assert tuned == [((63, 3), args, {"HEAD_DIM": 64})]
+    assert launched == [(raw, (32, 3), args, {"HEAD_DIM": 64, **best})] * 2
+    fl._launch("dq", raw, Tuner(), grid_of, args, {"HEAD_DIM": 64}, (torch.bfloat16,))
+    assert len(tuned) == 2 and len(launched) == 2
