@@ -7,6 +7,8 @@
 # them with the working tree (untracked, not ignored):
 #   mkdir -p results/attention/host_plans/before && for f in flash flash_gluon launch; do
 #     git show 8d237f3:kernels/$f.py > results/attention/host_plans/before/$f.py; done
+# (ab_h200.txt's runs). For the binding of Prepared alone (ebca30a), write them from 2be7fb0 instead: its plans
+# without binding, whose flash.py and launch.py have what today's kernels/blocksparse.py imports.
 set -e
 D=results/attention/host_plans
 test -f $D/before/flash_gluon.py || { echo "before/ missing: see the header"; exit 1; }
