@@ -57,6 +57,7 @@ from kernels.flash import (
     TensorGeometry,
     _bwd_preprocess_launch,
     _drop_consts,
+    _fresh_grads,
     LOG2E,
     _block_d,
     _check_qkv,
@@ -638,9 +639,10 @@ class _BlockSparseBackward:
             dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.fresh_grads)
         else:
             dq, dk, dv = out
-        cu_q_arg, cu_k_arg = (cu_q, cu_k) if self.varlen else (lse, lse)
+        cu = (cu_q, cu_k) if self.varlen else (lse, lse)
+        tensors = (q, k, v, do, dq, dk, dv, lse, delta, seed, *tables[3:], *cu)
         for kernel in self.launches:
-            kernel(q, k, v, do, dq, dk, dv, lse, delta, seed, *tables[3:], cu_q_arg, cu_k_arg)
+            kernel(*tensors)
         return dq, dk, dv
 
 
@@ -661,8 +663,7 @@ def _bs_bwd_setup(do, q, k, v, o, lse, seed, bwd_tables, cu_q, cu_k, max_q, max_
     plan.preprocess = _bwd_preprocess_launch(o, do, delta, None, varlen, batch, max_q if varlen else o.shape[1])
     plan.fresh_grads = None
     if grads is None:
-        plan.fresh_grads = tuple((t.shape, t.dtype) for t in (q, k, v))
-        grads = tuple(TensorGeometry.fresh(shape, dtype, q.device) for shape, dtype in plan.fresh_grads)
+        plan.fresh_grads, grads = _fresh_grads(q, k, v, device=q.device)
     dq, dk, dv = grads
     thresh, drop_scale = _drop_consts(dropout_p)
     bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", block_size, d)

@@ -1102,6 +1102,13 @@ def _plan(setup, key: tuple):
     return plan
 
 
+def _fresh_grads(q, k, v, dtype=None, device=None) -> tuple:
+    """((shape, dtype) of the dQ, dK, dV a launcher allocates, in dtype or the inputs'), and their TensorGeometry:
+    what a plan allocates per call and what its setup reads in their place."""
+    specs = tuple((t.shape, dtype or t.dtype) for t in (q, k, v))
+    return specs, tuple(TensorGeometry.fresh(shape, dt, device) for shape, dt in specs)
+
+
 def _block_d(headdim: int) -> int:
     # Plain Python, not triton.next_power_of_2: that constexpr wrapper costs microseconds per launch.
     return max(16, 1 << (headdim - 1).bit_length())
@@ -1442,8 +1449,7 @@ def _gluon_bwd_setup(do, q, k, v, o, lse, seed, grads, grad_dtype, softmax_scale
     delta = TensorGeometry.fresh(lse_shape(q, False), torch.float32, device)
     fresh_grads = None
     if grads is None:
-        fresh_grads = tuple((t.shape, grad_dtype or t.dtype) for t in (q, k, v))
-        grads = tuple(TensorGeometry.fresh(shape, dtype, device) for shape, dtype in fresh_grads)
+        fresh_grads, grads = _fresh_grads(q, k, v, grad_dtype, device)
     if _gluon_bwd_unsupported(q, k, v, do, lse, delta, grads, causal, dropout_p, False) is not None:
         return None
     from kernels.flash_gluon import backward_launch

@@ -274,8 +274,12 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
             cache[key] = (_runner(compiled, key[1]), _tail(kernel, len(args), constexprs))
         return
     runner, tail = entry
-    runner(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, _current_stream(device), args,
-           tail)
+    runner(*_grid3(grid), _current_stream(device), args, tail)
+
+
+def _grid3(grid: tuple) -> tuple:
+    """(x, y, z) of a grid of one to three dimensions."""
+    return (*grid, 1, 1)[:3]
 
 
 class Prepared:
@@ -296,26 +300,27 @@ class Prepared:
     def __init__(self, kernel, grid: tuple, numbers: tuple, constexprs: dict, descriptors: tuple = ()):
         self.kernel, self.grid, self.numbers, self.constexprs = kernel, grid, numbers, constexprs
         self.descriptors = descriptors
-        self._bound = None  # (device, runner, tail, grid x, y, z, the runner's descriptor-parts entry or None)
+        self._bound = None  # (device, runner, tail, (grid x, y, z), the runner's descriptor-parts entry or None)
         self._calls = 0
+
+    def _args(self, tensors: tuple) -> tuple:
+        """The kernel's arguments: the first tensors as descriptors, then the other tensors, then the numbers."""
+        n = len(self.descriptors)
+        return (*(make(t) for make, t in zip(self.descriptors, tensors)), *tensors[n:], *self.numbers)
 
     def __call__(self, *tensors) -> None:
         bound = self._bound
         if bound is not None and not _launch_hooked() and _current_device() == bound[0]:
-            device, runner, tail, gx, gy, gz, from_parts = bound
-            n = len(self.descriptors)
+            device, runner, tail, grid3, from_parts = bound
             if from_parts is not None:  # the descriptors' parts straight to the runner: no descriptor objects
-                from_parts(gx, gy, gz, _current_stream(device),
+                n = len(self.descriptors)
+                from_parts(*grid3, _current_stream(device),
                            [(t, *make.parts) for make, t in zip(self.descriptors, tensors)],
                            (*tensors[n:], *self.numbers), tail)
             else:
-                runner(gx, gy, gz, _current_stream(device),
-                       (*(make(t) for make, t in zip(self.descriptors, tensors)), *tensors[n:], *self.numbers), tail)
+                runner(*grid3, _current_stream(device), self._args(tensors), tail)
             return
-        if self.descriptors:
-            n = len(self.descriptors)
-            tensors = (*(make(t) for make, t in zip(self.descriptors, tensors)), *tensors[n:])
-        args = (*tensors, *self.numbers)
+        args = self._args(tensors)
         launch(self.kernel, self.grid, args, self.constexprs)
         self._calls += 1
         if self._calls == 2 and not _interpreting():  # a one-off launch (the public launchers) does not bind
@@ -328,7 +333,6 @@ class Prepared:
         slot = _slot(self.kernel, args, self.constexprs)
         entry = slot[1].get(slot[2]) if slot is not None and slot[3] else None
         if entry is not None:
-            grid = self.grid
             # the parts path where the runner takes them and every descriptor maker says its parts (`.parts`:
             # shape, strides, padding, as kernels/flash_gluon.py's HeadTiles does)
             from_parts = getattr(entry[0], "from_parts", None)
@@ -336,8 +340,7 @@ class Prepared:
             if (not self.descriptors or n_desc != len(self.descriptors)
                     or not all(hasattr(make, "parts") for make in self.descriptors)):
                 from_parts = None
-            self._bound = (slot[0], *entry, grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                           from_parts)
+            self._bound = (slot[0], *entry, _grid3(self.grid), from_parts)
 
 
 def compiled_entries(kernel, device: int = 0) -> int:

@@ -153,11 +153,11 @@ def test_prepared_launch_binds_to_the_kept_runner(fake, monkeypatch):
         handed.append(("descriptor objects", a))
     runner.from_parts = lambda *a: handed.append(("parts", a))
     with_desc = L.Prepared(fake, (1,), (64, 16, 1000, 0.5), {"BLOCK": 32}, (Maker(),))
-    with_desc._bound = (1, runner, ("tail",), 1, 1, 1, runner.from_parts)
+    with_desc._bound = (1, runner, ("tail",), (1, 1, 1), runner.from_parts)
     with_desc(x, y)
     assert handed == [("parts", (1, 1, 1, "stream", [(x, [64, 64], [64, 1], "zero")], (y, 64, 16, 1000, 0.5),
                                  ("tail",)))]
-    with_desc._bound = (1, runner, ("tail",), 1, 1, 1, None)
+    with_desc._bound = (1, runner, ("tail",), (1, 1, 1), None)
     with_desc(x, y)
     assert handed[-1] == ("descriptor objects", (1, 1, 1, "stream", (("descriptor of", x), y, 64, 16, 1000, 0.5),
                                                  ("tail",)))
