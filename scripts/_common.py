@@ -276,8 +276,10 @@ def capture_graph(step, params):
             step()
     torch.cuda.current_stream().wait_stream(side)
     clear()
+    from train.cuda_graph import collector_paused
+
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with collector_paused(), torch.cuda.graph(graph):
         step()
     clear()
     return graph

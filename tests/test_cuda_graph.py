@@ -1,12 +1,14 @@
 """cuda_graph=true (train/cuda_graph.py): graphed training matches eager training, dropout stays random
 and reproducible, and every case a graph cannot follow is refused with an error that says why."""
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
 
 from models.encoder import SequenceClassifier
-from train.cuda_graph import GraphedModel
+from train.cuda_graph import GraphedModel, GraphedStep, collector_paused, make_capturable
 from train.task import ClassificationTask
 
 CUDA = torch.cuda.is_available()
@@ -74,6 +76,36 @@ def test_cpu_run_with_cuda_graph_says_it_needs_a_gpu(tmp_path):
 
     with pytest.raises(ValueError, match="needs a CUDA device"):
         run_inprocess(["experiment=lra/image", "cuda_graph=true", "trainer.max_steps=2"], tmp_path)
+
+
+def test_collector_paused_collects_first_and_restores_the_collector():
+    """A capture must not meet Python's cyclic collector (train/cuda_graph.py, collector_paused): garbage in
+    cycles is freed on entry, the collector stays off inside, and its earlier state comes back, on errors too."""
+    freed = []
+
+    class Node:
+        pass
+
+    gc.disable()  # keep the cycle until collector_paused frees it
+    node = Node()
+    node.self = node
+    weakref.finalize(node, freed.append, "cycle")
+    del node
+    gc.enable()
+    with collector_paused():
+        assert freed == ["cycle"] and not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(KeyError):
+        with collector_paused():
+            raise KeyError("inside")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # off before, off after
+    finally:
+        gc.enable()
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------
@@ -248,7 +280,7 @@ def test_step_graph_takes_the_lm_tasks_tensor_batches(tmp_path, monkeypatch):
     step-graph run logs the eager run's losses and ends at its weights."""
     import train.cuda_graph as cg
     import train.task as task_module
-    from tests.test_train_run import metrics, run_inprocess, series
+    from tests.test_train_run import run_inprocess, series
 
     monkeypatch.setattr(cg, "_cuda_capture", _fake_capture)
     monkeypatch.setattr(task_module.Task, "cuda_graph_problems", lambda self: [])
@@ -305,3 +337,53 @@ def test_step_graph_run_matches_eager_on_gpu(tmp_path, clip, experiment):
     assert sorted(losses["step"]) == sorted(losses["false"]) and len(losses["step"]) == 12
     for step, want in losses["false"].items():
         assert losses["step"][step] == pytest.approx(want, rel=2e-2, abs=2e-2), step
+
+
+def _stale_graph_in_a_cycle():
+    """A captured graph that only the cyclic collector frees, as an earlier GraphedModel leaves behind (its
+    autograd Function class is a cycle). Destroying it while another capture runs breaks that capture."""
+    graph, x = torch.cuda.CUDAGraph(), torch.zeros(1, device="cuda")
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    cycle = [graph, x]
+    cycle.append(cycle)
+
+
+class _CollectsInForward(torch.nn.Module):
+    """The classifier, with a collection at the start of each forward: the collector runs mid-capture."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **kwargs):
+        gc.collect()
+        return self.inner(**kwargs)
+
+
+@pytest.mark.gpu
+def test_graphed_model_capture_survives_a_collection_mid_capture():
+    model = _CollectsInForward(classifier("flash").cuda())
+    _stale_graph_in_a_cycle()
+    losses = train_steps(model, GraphedModel(model), batches(1) * 3)
+    assert all(v == v for v in losses) and losses[-1] < losses[0]
+
+
+@pytest.mark.gpu
+def test_step_graph_capture_survives_a_collection_mid_capture():
+    model = classifier("flash").cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    make_capturable(opt, torch.device("cuda"))
+
+    def body(batch):
+        gc.collect()
+        loss = torch.nn.functional.cross_entropy(model(input_ids=batch["input_ids"]).float(), batch["labels"])
+        opt.zero_grad(set_to_none=False)  # the graph updates the gradient buffers of the eager step in place
+        loss.backward()
+        opt.step()
+        return loss, {}
+
+    step = GraphedStep(eager_steps=1)
+    _stale_graph_in_a_cycle()
+    losses = [step(body, {"input_ids": ids, "labels": labels})[0].item() for ids, labels in batches(1) * 4]
+    assert all(v == v for v in losses) and losses[-1] < losses[0]

@@ -23,8 +23,32 @@ Evaluation (the module in eval mode) runs the plain model.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+
 import torch
 from torch import nn
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Collects Python's garbage, then keeps the cyclic collector off until the block ends (for a CUDA graph
+    capture).
+
+    torch.cuda.graph stopped collecting before a capture in PyTorch 2.9 (torch.compiler.config.force_cudagraph_gc
+    is off by default). An earlier graph left in a reference cycle (make_graphed_callables' autograd Function
+    classes are cycles) can then be collected in the middle of a capture. Destroying a graph while a stream
+    captures is refused, and the capture fails later with "operation failed due to a previous error during
+    capture". The GPU tests hit that once in every run of a longer suite
+    (results/attention/host_plans/gpu_tests_bind_h200.txt); pytorch/pytorch#161037 describes the same failure."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _TensorsOnly(nn.Module):
@@ -96,7 +120,7 @@ class GraphedModel:
         # The graphs keep the autocast state of the capture; make_graphed_callables refuses autocast's
         # weight cache (cache_enabled=True, Lightning's default), so capture under the same state without it.
         with torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"),
-                            dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False):
+                            dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False), collector_paused():
             # Copies: the sample tensors become the graph's input buffers, which every later call writes into.
             self._graphed = torch.cuda.make_graphed_callables(
                 flat, tuple(t.clone() for t in (*args, *kwargs.values())), num_warmup_iters=self.warmup_iters,
@@ -143,7 +167,8 @@ def _cuda_capture(body, static_batch):
     # thread_local: a data loader's pinning thread may touch CUDA while this thread captures. Autocast's
     # weight cache off, as in GraphedModel: its cast copies would be freed at the step's end under the graph.
     with torch.autocast("cuda", enabled=torch.is_autocast_enabled("cuda"), dtype=torch.get_autocast_dtype("cuda"),
-                        cache_enabled=False), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                        cache_enabled=False), collector_paused(), \
+            torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = body(static_batch)
     # The capture advanced the generator without drawing anything; the replay of this very step must draw
     # the masks an eager step would have drawn after the same reseeding.
