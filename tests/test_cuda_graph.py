@@ -1,5 +1,6 @@
 """cuda_graph=true (train/cuda_graph.py): graphed training matches eager training, dropout stays random
 and reproducible, and every case a graph cannot follow is refused with an error that says why."""
+import contextlib
 import copy
 import gc
 import weakref
@@ -339,33 +340,49 @@ def test_step_graph_run_matches_eager_on_gpu(tmp_path, clip, experiment):
         assert losses["step"][step] == pytest.approx(want, rel=2e-2, abs=2e-2), step
 
 
+@contextlib.contextmanager
 def _stale_graph_in_a_cycle():
     """A captured graph that only the cyclic collector frees, as an earlier GraphedModel leaves behind (its
-    autograd Function class is a cycle). Destroying it while another capture runs breaks that capture."""
-    graph, x = torch.cuda.CUDAGraph(), torch.zeros(1, device="cuda")
-    with torch.cuda.graph(graph):
-        x.add_(1)
-    cycle = [graph, x]
-    cycle.append(cycle)
+    autograd Function class is a cycle). Destroying it while another capture runs breaks that capture. The
+    automatic collector stays off in the block, so only an explicit collection frees it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        graph, x = torch.cuda.CUDAGraph(), torch.zeros(1, device="cuda")
+        with torch.cuda.graph(graph):
+            x.add_(1)
+        cycle = [graph, x]
+        cycle.append(cycle)
+        del graph, x, cycle
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _collect_if_capturing():
+    """The collector running in the middle of a capture, as it may whenever a capture allocates."""
+    if torch.cuda.is_current_stream_capturing():
+        gc.collect()
 
 
 class _CollectsInForward(torch.nn.Module):
-    """The classifier, with a collection at the start of each forward: the collector runs mid-capture."""
+    """The classifier, with _collect_if_capturing at the start of its forward."""
 
     def __init__(self, inner):
         super().__init__()
         self.inner = inner
 
     def forward(self, **kwargs):
-        gc.collect()
+        _collect_if_capturing()
         return self.inner(**kwargs)
 
 
 @pytest.mark.gpu
 def test_graphed_model_capture_survives_a_collection_mid_capture():
     model = _CollectsInForward(classifier("flash").cuda())
-    _stale_graph_in_a_cycle()
-    losses = train_steps(model, GraphedModel(model), batches(1) * 3)
+    with _stale_graph_in_a_cycle():
+        losses = train_steps(model, GraphedModel(model), batches(1) * 3)
     assert all(v == v for v in losses) and losses[-1] < losses[0]
 
 
@@ -376,7 +393,7 @@ def test_step_graph_capture_survives_a_collection_mid_capture():
     make_capturable(opt, torch.device("cuda"))
 
     def body(batch):
-        gc.collect()
+        _collect_if_capturing()
         loss = torch.nn.functional.cross_entropy(model(input_ids=batch["input_ids"]).float(), batch["labels"])
         opt.zero_grad(set_to_none=False)  # the graph updates the gradient buffers of the eager step in place
         loss.backward()
@@ -384,6 +401,6 @@ def test_step_graph_capture_survives_a_collection_mid_capture():
         return loss, {}
 
     step = GraphedStep(eager_steps=1)
-    _stale_graph_in_a_cycle()
-    losses = [step(body, {"input_ids": ids, "labels": labels})[0].item() for ids, labels in batches(1) * 4]
+    with _stale_graph_in_a_cycle():
+        losses = [step(body, {"input_ids": ids, "labels": labels})[0].item() for ids, labels in batches(1) * 4]
     assert all(v == v for v in losses) and losses[-1] < losses[0]
