@@ -14,6 +14,7 @@ import torch
 import kernels.flash as F
 from tests.test_flash_ws import WS_GPU, _qkv, check_ws
 from tests.test_kernel_resources import compile_sm90, needs_cuobjdump
+from train.cuda_graph import collector_paused
 
 gluon_gpu = pytest.mark.skipif(not (WS_GPU and F._GLUON_TRITON), reason="needs an sm_90 GPU and Triton 3.6")
 
@@ -834,7 +835,7 @@ def test_gpu_gluon_under_cuda_graph_and_compile(nheads_k):
         step(*static)  # warm-up launches outside the capture (compiles, allocator installed)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with collector_paused(), torch.cuda.graph(graph):  # no earlier graph freed mid-capture (train/cuda_graph.py)
         captured = step(*static)
     with torch.no_grad():
         for x, src in zip(static, (q, k, v)):
