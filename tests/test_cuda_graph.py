@@ -109,6 +109,27 @@ def test_collector_paused_collects_first_and_restores_the_collector():
         gc.enable()
 
 
+def test_step_capture_runs_with_the_collector_paused(monkeypatch):
+    """cuda_graph=step's capture (CPU, the graph faked): the collector is off while the step is captured, and on
+    again after."""
+    import train.cuda_graph as cg
+
+    during = []
+
+    @contextlib.contextmanager
+    def fake_graph(graph, **kwargs):
+        during.append(gc.isenabled())
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state: None)
+    graph, out = cg._cuda_capture(lambda batch: batch + 1, torch.zeros(()))
+    assert (graph, out.item()) == ("graph", 1.0)
+    assert during == [False] and gc.isenabled()
+
+
 # ---- on the GPU ----------------------------------------------------------------------------------
 
 @pytest.mark.gpu
