@@ -130,6 +130,25 @@ def test_step_capture_runs_with_the_collector_paused(monkeypatch):
     assert during == [False] and gc.isenabled()
 
 
+def test_model_capture_runs_with_the_collector_paused(monkeypatch):
+    """cuda_graph=true's capture (CPU, make_graphed_callables faked, the input a stand-in that says it is on
+    CUDA): the collector is off while the model is captured, and on again after."""
+    import types
+
+    during = []
+
+    def fake_make_graphed_callables(module, sample_args, **kwargs):
+        during.append(gc.isenabled())
+        return module
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_make_graphed_callables)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: None)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state: None)
+    ids = types.SimpleNamespace(device=torch.device("cuda"), clone=lambda: None)
+    GraphedModel(classifier())._capture((), {"input_ids": ids})
+    assert during == [False] and gc.isenabled()
+
+
 # ---- on the GPU ----------------------------------------------------------------------------------
 
 @pytest.mark.gpu
