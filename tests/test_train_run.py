@@ -55,6 +55,23 @@ def test_smoke_cli_writes_everything_under_run_dir(embedded_data, tmp_path):
     assert abs(val_ppl - 2.718281828 ** val_loss) / val_ppl < 1e-4
     assert {"step0000010.ckpt", "step0000020.ckpt", "last.ckpt"} <= set(os.listdir(run_dir / "checkpoints"))
     assert (run_dir / ".hydra" / "config.yaml").exists()
+    assert "called before the ``update``" not in p.stderr  # the fused loss's val/ppl updates are counted
+    assert "Epoch 0/-2" not in p.stdout + p.stderr
+
+
+def test_progress_bar_describes_a_step_bounded_run():
+    """Lightning sets max_epochs to -1 for a run bounded by max_steps, and its rich bar said "Epoch 0/-2"."""
+    import lightning as L
+
+    from train.callbacks import progress_bar
+
+    for limits, want in (({"max_steps": 3}, "Epoch 0"), ({"max_epochs": 3}, "Epoch 0/2")):
+        bar = progress_bar()
+        if bar is None:
+            pytest.skip("rich is not installed: Lightning's tqdm bar prints no epoch count")
+        trainer = L.Trainer(**limits, callbacks=[bar], logger=False, enable_checkpointing=False, accelerator="cpu")
+        bar._trainer = trainer  # what the bar's setup hook does
+        assert bar._get_train_description(0).strip() == want
 
 
 def test_progress_lines_when_the_bar_is_off(embedded_data, tmp_path, capsys):

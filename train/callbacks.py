@@ -13,6 +13,8 @@ how it ended), and the per-call limits (time, steps) that split a long run over 
 
 `StepProfiler`: torch.profiler over a window of optimizer steps (`callbacks.profile.start=N`), where a
 step's time goes, in <run dir>/profile.{json,md}.
+
+`progress_bar()`: Lightning's progress bar, described right for runs bounded by steps.
 """
 from __future__ import annotations
 
@@ -362,3 +364,23 @@ class StepProfiler(L.Callback):
         self._between_steps = False  # a SIGTERM in a later trainer.test is not between two training steps
         if self.profile.running and trainer.global_step > self.start:
             self._stop(trainer, trainer.global_step - self.start)
+
+
+def progress_bar() -> L.Callback | None:
+    """The progress bar for train/run.py: Lightning's rich bar, whose description for a run bounded by max_steps
+    says "Epoch N" (Lightning sets max_epochs to -1 there, and its bar printed "Epoch 0/-2"); None where rich is
+    missing (Lightning's tqdm bar prints no epoch count)."""
+    import importlib.util
+
+    if importlib.util.find_spec("rich") is None:
+        return None
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    class StepBoundedRichBar(RichProgressBar):
+        def _get_train_description(self, current_epoch: int) -> str:
+            if self.trainer.max_epochs is not None and self.trainer.max_epochs >= 0:
+                return super()._get_train_description(current_epoch)
+            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+
+    return StepBoundedRichBar()
+

@@ -12,7 +12,8 @@ from torchmetrics import Metric
 
 
 class MeanNLL(Metric):
-    """update(logits (..., V), targets (...)) accumulates; compute() -> mean NLL (float64)."""
+    """update(logits (..., V), targets (...)) accumulates; compute() -> mean NLL (float64). update_mean(mean, count)
+    adds a batch already reduced to its mean NLL."""
 
     full_state_update = False
 
@@ -22,7 +23,12 @@ class MeanNLL(Metric):
         self.add_state("nll_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
 
-    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+    def update(self, logits: torch.Tensor, targets: torch.Tensor | None = None, *, count: int | None = None) -> None:
+        """update(logits, targets), or update(mean_nll, count=n): see update_mean."""
+        if count is not None:
+            self.nll_sum += logits.double() * count
+            self.count += count
+            return
         nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
                               ignore_index=self.ignore_index, reduction="none")
         valid = targets.reshape(-1) != self.ignore_index
@@ -31,9 +37,9 @@ class MeanNLL(Metric):
 
     def update_mean(self, mean_nll: torch.Tensor, count: int) -> None:
         """A batch's mean NLL over its `count` targets, as a fused loss returns it (kernels/cross_entropy.py: the
-        mean of float32 per-token losses, so exact to float32 rounding, ~1e-7 relative, not to float64)."""
-        self.nll_sum += mean_nll.double() * count
-        self.count += count
+        mean of float32 per-token losses, so exact to float32 rounding, ~1e-7 relative, not to float64).
+        Through update(), which torchmetrics wraps: the update is counted and a cached compute() dropped."""
+        self.update(mean_nll, count=count)
 
     def compute(self):
         if self.count == 0:

@@ -91,7 +91,14 @@ def build(cfg: DictConfig):
     datamodule = instantiate(cfg.data, num_samples=cfg.trainer.max_steps * accum * micro * world)
 
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    from train.callbacks import CallLog
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from train.callbacks import CallLog, progress_bar
+
+    if cfg.trainer.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in callbacks):
+        bar = progress_bar()
+        if bar is not None:
+            callbacks.append(bar)
 
     for c in callbacks:
         if isinstance(c, CallLog):
