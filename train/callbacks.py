@@ -288,7 +288,8 @@ class CallLog(L.Callback):
 
         ckpt = trainer.checkpoint_callback
         if isinstance(ckpt, ModelCheckpoint) and ckpt.dirpath and ckpt.save_last:
-            trainer.save_checkpoint(os.path.join(ckpt.dirpath, ckpt.CHECKPOINT_NAME_LAST + ckpt.FILE_EXTENSION))
+            trainer.save_checkpoint(os.path.join(ckpt.dirpath, ckpt.CHECKPOINT_NAME_LAST + ckpt.FILE_EXTENSION),
+                                    weights_only=False)  # a resumable checkpoint: optimizer and loops too
 
     def on_train_end(self, trainer, pl_module):
         self._between_steps = False  # a SIGTERM in a later trainer.test is not between two training steps
