@@ -82,6 +82,10 @@ def compile_model(model: nn.Module, scope: str = "blocks", **compile_kwargs) -> 
             block.compile(dynamic=True, **compile_kwargs)
 
 
+# Task.on_before_batch_transfer is meant to run; the datamodules define no such hook of their own.
+warnings.filterwarnings("ignore", message="You have overridden `on_before_batch_transfer` in `LightningModule`")
+
+
 class Task(L.LightningModule):
     """Shared optimisation; subclasses define the steps, the metrics and, if not padded dicts, batch_tokens.
 
