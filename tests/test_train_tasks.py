@@ -62,6 +62,8 @@ def test_each_family_trains_and_logs(tmp_path, family, logged):
         assert values and all(math.isfinite(v) for v in values.values()), key
     if family == "mlm":
         assert series(rows, "val/mlm_loss")[5] < 1.5 * math.log(cfg.model.vocab_size)
+    # what run.py's closing summary prints: training's last values stay beside the test split's
+    assert set(logged) <= set(trainer.callback_metrics)
 
     # Speed: the windows count real tokens (padding excluded) of every consumed sample, and the FLOPs
     # are the model's for exactly those counts.

@@ -217,7 +217,12 @@ def train(cfg: DictConfig):
     trainer.fit(task, datamodule=datamodule, ckpt_path=resume)
     finished = trainer.global_step >= cfg.trainer.max_steps  # not a call stopped by callbacks.calls limits
     if cfg.get("test_after_fit") and finished and has_test_split(datamodule, task):
+        fit_metrics = dict(trainer.callback_metrics)
         trainer.test(task, datamodule=datamodule)  # the weights training ended with
+        # trainer.test starts the metrics afresh; keep training's last train/ and val/ values beside test/ for the
+        # summary main() prints
+        for name, value in fit_metrics.items():
+            trainer.callback_metrics.setdefault(name, value)
     return trainer, task
 
 
