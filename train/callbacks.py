@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import importlib.util
 import json
 import os
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 
 from models.layers import transformer_flops
 from train.profiling import StepProfile, profile_markdown
@@ -367,21 +369,17 @@ class StepProfiler(L.Callback):
             self._stop(trainer, trainer.global_step - self.start)
 
 
+class StepBoundedRichBar(RichProgressBar):
+    """Lightning's rich bar, whose description for a run bounded by max_steps says "Epoch N": Lightning sets
+    max_epochs to -1 there, and its own bar printed "Epoch 0/-2"."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+
+
 def progress_bar() -> L.Callback | None:
-    """The progress bar for train/run.py: Lightning's rich bar, whose description for a run bounded by max_steps
-    says "Epoch N" (Lightning sets max_epochs to -1 there, and its bar printed "Epoch 0/-2"); None where rich is
-    missing (Lightning's tqdm bar prints no epoch count)."""
-    import importlib.util
-
-    if importlib.util.find_spec("rich") is None:
-        return None
-    from lightning.pytorch.callbacks import RichProgressBar
-
-    class StepBoundedRichBar(RichProgressBar):
-        def _get_train_description(self, current_epoch: int) -> str:
-            if self.trainer.max_epochs is not None and self.trainer.max_epochs >= 0:
-                return super()._get_train_description(current_epoch)
-            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
-
-    return StepBoundedRichBar()
-
+    """The progress bar for train/run.py: StepBoundedRichBar, or None where rich is missing (Lightning's tqdm bar,
+    its default then, prints no epoch count)."""
+    return StepBoundedRichBar() if importlib.util.find_spec("rich") is not None else None
