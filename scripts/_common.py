@@ -25,6 +25,15 @@ REPO = Path(__file__).resolve().parent.parent
 RECORDED_ENV_PREFIX = "FLASH_"
 
 
+def require_gpu(script: str, what: str = "times CUDA kernels") -> None:
+    """Stops a GPU-only script on a machine without a GPU, saying so, before it writes anything: each provider
+    would fail there, and a table of errors (or a traceback from deep in a provider) says less."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script} {what}: it needs a GPU")
+
+
 def repo_root() -> Path:
     """The checkout's root, put first on sys.path so that the scripts import the repo's packages."""
     if str(REPO) not in sys.path:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from _common import (capture_graph, compiled_flex_attention, markdown_header, pyplot, repo_path, repo_root,
-                     run_metadata)
+                     require_gpu, run_metadata)
 
 repo_root()
 
@@ -541,6 +541,8 @@ def main():
                          "0.1 (<tag>.json, <tag>.md)")
     args = ap.parse_args()
 
+    if not args.merge:
+        require_gpu("bench_attention.py", "times CUDA kernels (--merge works anywhere)")
     args.out = str(repo_path(args.out))
     os.makedirs(args.out, exist_ok=True)
     if args.merge:

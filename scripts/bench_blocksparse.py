@@ -31,7 +31,7 @@ import time
 import torch
 
 from _common import (capture_graph, compiled_flex_attention, markdown_header, pyplot, repo_path, repo_root,
-                     run_metadata)
+                     require_gpu, run_metadata)
 
 repo_root()
 
@@ -390,6 +390,7 @@ def main():
         plot(data["rows"], base + ".png")
         print("wrote", base + ".png")
         return
+    require_gpu("bench_blocksparse.py", "times CUDA kernels (--plot-only works anywhere)")
 
     from kernels.sparsity import butterfly
 

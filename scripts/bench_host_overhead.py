@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from _common import markdown_header, repo_path, repo_root, run_metadata
+from _common import markdown_header, repo_path, repo_root, require_gpu, run_metadata
 
 REPO = repo_root()
 B, N, H, D = 1, 128, 4, 64
@@ -154,8 +154,7 @@ def main():
     args = ap.parse_args()
     if args.first_call_child:
         return first_call_child()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_host_overhead.py measures CUDA launches: it needs a GPU")
+    require_gpu("bench_host_overhead.py", "measures CUDA launches")
     if args.cprofile:
         return cprofile(*providers()[args.cprofile])
     rows = []

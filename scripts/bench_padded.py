@@ -22,7 +22,7 @@ import argparse
 import json
 import statistics
 
-from _common import markdown_header, pyplot, rel, repo_path, repo_root, run_metadata
+from _common import markdown_header, pyplot, rel, repo_path, repo_root, require_gpu, run_metadata
 
 repo_root()
 
@@ -143,6 +143,7 @@ def main():
     ap.add_argument("--out", default="results/blocksparse", help="output folder (relative to the repo root)")
     ap.add_argument("--tag", default="padded")
     args = ap.parse_args()
+    require_gpu("bench_padded.py")
     meta = run_metadata()
     rows = []
     for d in args.hdims:

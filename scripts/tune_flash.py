@@ -20,7 +20,7 @@ import json
 import math
 import os
 
-from _common import markdown_header, repo_path, repo_root, run_metadata
+from _common import markdown_header, repo_path, repo_root, require_gpu, run_metadata
 
 repo_root()
 
@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--out", default=None, help="folder for <tag>.md / <tag>.json (default: print only)")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args()
+    require_gpu("tune_flash.py")
 
     import torch
     import triton

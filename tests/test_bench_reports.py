@@ -5,6 +5,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
@@ -170,6 +171,7 @@ def test_graphed_upto_graphs_only_the_short_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(ba, "autotune_picks", lambda: {})
     monkeypatch.setattr(ba, "standard_fits", lambda b, h, n: True)
     monkeypatch.setattr(ba, "plot", lambda rows, path: None)
+    monkeypatch.setattr(ba, "require_gpu", lambda script, what: None)
     monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--seqlens", "512", "1024", "4096", "--hdims", "64",
                                       "--causal", "no", "--providers", "ours", "standard", "sdpa_cudnn",
                                       "--no-gpt2", "--no-memory", "--graphed-upto", "1024", "--out", str(tmp_path)])
@@ -223,3 +225,17 @@ def test_training_bench_keeps_the_committed_tables_while_every_row_fails(tmp_pat
     table = (out / "bench_training.md").read_text()
     assert "| hf-eager | failed: ModuleNotFoundError: No module named 'hydra' |" in table
     assert "| hf-sdpa | 1,000 | 16.4 | 1.00x |" in table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_timing_scripts_refuse_a_machine_without_a_gpu_before_writing(tmp_path, monkeypatch):
+    import bench_attention as ba
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--model-shapes", "--out", str(out)])
+    with pytest.raises(SystemExit, match="bench_attention.py times CUDA kernels .*: it needs a GPU"):
+        ba.main()
+    monkeypatch.setattr(sys, "argv", ["bench_blocksparse.py", "--out", str(out)])
+    with pytest.raises(SystemExit, match="bench_blocksparse.py times CUDA kernels .*: it needs a GPU"):
+        bench.main()
+    assert not out.exists()
