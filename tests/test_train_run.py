@@ -124,6 +124,25 @@ def test_resume_continues_the_same_curve(embedded_data, tmp_path, resume_at, ext
         assert val_b[step] == pytest.approx(val_a[step], rel=1e-5), step
 
 
+def test_a_chained_run_raises_no_false_alarms(embedded_data, tmp_path):
+    """Lightning warns on a resumed call that its loader cannot resume, that the log folder's files will be deleted
+    and that the checkpoint folder is not empty; train/run.py has dealt with each (HANDLED_WARNINGS), so none
+    reaches the user."""
+    import re
+    import warnings
+
+    from train.run import HANDLED_WARNINGS
+
+    common = ["trainer.max_steps=6", "callbacks.checkpoint.every_n_train_steps=2", "eval_every_steps=6"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_inprocess(common + ["callbacks.calls.max_steps=4"], tmp_path)  # a first call, stopped with a checkpoint
+        trainer, _ = run_inprocess(common + ["ckpt_path=last"], tmp_path)
+    assert trainer.global_step == 6
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if any(re.match(p, m) for p in HANDLED_WARNINGS)]
+
+
 @pytest.mark.parametrize("overrides", [
     ["experiment=gpt2/small-corpus"],
     ["experiment=gpt2/medium-corpus"],

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -206,7 +207,22 @@ def has_test_split(datamodule, task) -> bool:
     return is_overridden("test_dataloader", datamodule) and is_overridden("test_step", task)
 
 
+# Lightning's warnings about a run folder that this module has already dealt with; each would greet every resumed or
+# chained run with a false alarm.
+HANDLED_WARNINGS = (
+    # the sampler restarts at the checkpoint's sample (train/data.py ResumableSampler; the resume tests check that a
+    # resumed curve equals the unsplit one)
+    "You're resuming from a checkpoint that ended before the epoch ended",
+    # keep_earlier_metrics / set_aside_earlier_run moved metrics.csv before the logger opened the folder
+    "Experiment logs directory .* exists and is not empty",
+    # the folder's checkpoints are this run's own (resumed), or were moved to previous-K/ (fresh)
+    "Checkpoint directory .* exists and is not empty",
+)
+
+
 def train(cfg: DictConfig):
+    for message in HANDLED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
     resume = resume_path(cfg)
     if os.environ.get("LOCAL_RANK", "0") == "0":  # DDP: ranks > 0 start later
         if resume is not None:
