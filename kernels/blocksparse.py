@@ -58,6 +58,7 @@ from kernels.flash import (
     _bwd_preprocess_launch,
     _drop_consts,
     _fresh_grads,
+    _lastdim_contig,
     LOG2E,
     _block_d,
     _check_qkv,
@@ -614,8 +615,7 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
                  max_q=None, max_k=None, out=None):
     """(dq, dk, dv); out: three tensors shaped like q, k, v to write them into (views of one packed dqkv). Through a
     plan per call geometry, as `_bs_forward`."""
-    if do.stride(-1) != 1:
-        do = do.contiguous()
+    do = _lastdim_contig(do)
     geometry, varlen = TensorGeometry, cu_q is not None
     plan = _plan(_bs_bwd_setup, (
         geometry(do), geometry(q), geometry(k), geometry(v), geometry(o), geometry(lse), geometry(seed),

@@ -598,12 +598,12 @@ def unsupported(q, k, v, causal: bool, dropout_p: float, varlen: bool) -> str | 
     return _scope_problem(q, k, causal, dropout_p, varlen, MIN_SEQLEN[head_dim, causal], FWD_DROPOUT_MIN_SEQLEN)
 
 
-def _dropout_args(who: str, dropout_p: float, seed, placeholder: torch.Tensor) -> tuple:
-    """(the SEED argument, the 16-bit threshold, 1 / (1 - p)) of a launch: with dropout its seed, checked; without,
-    any tensor (`placeholder`), since kernels/launch.py's direct path keys a pointer there."""
+def _dropout_args(who: str, dropout_p: float, seed) -> tuple:
+    """(the 16-bit threshold, 1 / (1 - p)) of a launch, with dropout's seed checked. Without dropout the launch's
+    SEED argument is any tensor (its callers pass lse), since kernels/launch.py's direct path keys a pointer there."""
     if dropout_p > 0 and (seed is None or seed.dtype != torch.int64 or seed.numel() != 1):
         raise ValueError(f"{who}: dropout needs its seed, one int64 (kernels.flash.draw_dropout_seed)")
-    return (seed if dropout_p > 0 else placeholder, *_drop_consts(dropout_p))
+    return _drop_consts(dropout_p)
 
 
 @functools.lru_cache(maxsize=None)
@@ -677,7 +677,7 @@ def forward_launch(q, k, v, o, lse, seed, qk_scale: float, causal: bool, dropout
     if not (o.is_contiguous() and lse.is_contiguous() and o.dtype == q.dtype
             and lse.shape == (batch, nheads, seqlen)):
         raise ValueError("gluon_forward: o must be contiguous in q's dtype and lse contiguous (batch, nheads, seqlen)")
-    _, thresh, drop_scale = _dropout_args("gluon_forward", dropout_p, seed, lse)
+    thresh, drop_scale = _dropout_args("gluon_forward", dropout_p, seed)
     block_m, block_n, stages, q_buffers = FWD_TILES[head_dim]
     persistent = fwd_persistent(head_dim, seqlen, causal)
     paired = causal and persistent
@@ -1323,7 +1323,7 @@ def backward_launch(q, k, v, do, dk, dv, dq_accum, lse, delta, seed, softmax_sca
         raise ValueError("gluon_backward: lse and delta must be contiguous (batch, nheads, seqlen)")
     if dropout_p > 0 and head_dim not in BWD_SPLIT_HEAD_DIMS:
         raise ValueError(f"gluon_backward: dropout needs head dim in {BWD_SPLIT_HEAD_DIMS}")
-    _, thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed, lse)
+    thresh, drop_scale = _dropout_args("gluon_backward", dropout_p, seed)
     block_m, block_n, stages, dq_stages = BWD_TILES[head_dim]
     split = head_dim in BWD_SPLIT_HEAD_DIMS  # persistent, causal units paired
     grid = _grid(seqlen // block_n, batch * nheads, causal and split, split, programs, q.device)
