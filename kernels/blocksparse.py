@@ -57,8 +57,9 @@ from kernels.flash import (
     TensorGeometry,
     _bwd_preprocess_launch,
     _drop_consts,
-    _fresh_grads,
     _lastdim_contig,
+    _packed_geometry,
+    _packed_lse_geometry,
     LOG2E,
     _block_d,
     _check_qkv,
@@ -560,27 +561,32 @@ def _bs_forward(q, k, v, tables, block_size, causal, sm_scale, dropout_p, cu_q=N
     built for the layout's own lengths and the grid sized by the longest sequence. Through a plan per call geometry
     (kernels/flash.py's `_plan`): the launch's arguments are worked out once per geometry, a call allocates and
     launches."""
-    geometry, varlen = TensorGeometry, cu_q is not None
+    varlen = cu_q is not None
+    # varlen: keyed without the packed length, which changes every batch (kernels/flash.py `_packed_geometry`)
+    geometry = _packed_geometry if varlen else TensorGeometry
     plan = _plan(_bs_fwd_setup, (
-        geometry(q), geometry(k), geometry(v), tuple(map(geometry, tables[:3])),
-        geometry(cu_q) if varlen else None, geometry(cu_k) if varlen else None, max_q if varlen else None,
-        max_k if varlen else None, block_size, causal, sm_scale, dropout_p, _interpreting()))
+        geometry(q), geometry(k), geometry(v), tuple(map(TensorGeometry, tables[:3])),
+        TensorGeometry(cu_q) if varlen else None, TensorGeometry(cu_k) if varlen else None,
+        _varlen_max(max_q) if varlen else None, _varlen_max(max_k) if varlen else None, block_size, causal, sm_scale,
+        dropout_p, _interpreting()))
     return plan(q, k, v, tables, cu_q, cu_k)
 
 
 class _BlockSparseForward:
     """One call geometry's forward launch, worked out by `_bs_fwd_setup`."""
 
-    __slots__ = ("device", "o_shape", "o_dtype", "lse_shape", "dropout", "varlen", "kernel")
+    __slots__ = ("device", "o_dtype", "dropout", "varlen", "kernel")
 
     def __call__(self, q, k, v, tables, cu_q, cu_k):
-        device = self.device
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=device)
-        o = torch.empty(self.o_shape, dtype=self.o_dtype, device=device)
+        device, varlen = self.device, self.varlen
+        lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=device)
+        o = torch.empty(q.shape, dtype=self.o_dtype, device=device)
         # a tensor of its own without dropout: the operator's outputs may not alias
         seed = draw_dropout_seed(device) if self.dropout else torch.zeros(1, dtype=torch.int64, device=device)
-        self.kernel(q, k, v, o, lse, seed, tables[0], tables[1], tables[2], cu_q if self.varlen else lse,
-                    cu_k if self.varlen else lse)
+        if varlen:  # the LSE's head stride: this batch's packed length
+            self.kernel.run((q, k, v, o, lse, seed, tables[0], tables[1], tables[2], cu_q, cu_k), (lse.stride(0),))
+        else:
+            self.kernel(q, k, v, o, lse, seed, tables[0], tables[1], tables[2], lse, lse)
         return o, lse, seed
 
 
@@ -593,21 +599,21 @@ def _bs_fwd_setup(q, k, v, fwd_tables, cu_q, cu_k, max_q, max_k, block_size, cau
     if varlen:  # the maxima only size the grid: keep their divisibility by 16 fixed (see kernels/flash.py)
         max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     plan = _BlockSparseForward()
-    plan.device, plan.o_shape, plan.o_dtype, plan.varlen = q.device, q.shape, q.dtype, varlen
-    plan.lse_shape, plan.dropout = lse_shape(q, varlen), dropout_p > 0
-    lse = TensorGeometry.fresh(plan.lse_shape, torch.float32, q.device)
+    plan.device, plan.o_dtype, plan.varlen, plan.dropout = q.device, q.dtype, varlen, dropout_p > 0
+    lse = TensorGeometry.fresh(lse_shape(q, varlen), torch.float32, q.device)
     o = TensorGeometry.fresh(q.shape, q.dtype, q.device)
     slb, slh = lse_strides(lse, varlen)
     bm, bn, warps, stages = _tiles("fwd", block_size, d)
     row_full, _, row_idx = fwd_tables
     thresh, drop_scale = _drop_consts(dropout_p)
+    numbers = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), slb)
     plan.kernel = Prepared(
         _bs_fwd_kernel, (cdiv(max_q, bm), batch * nheads),
-        (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), slb, slh,
-         _lay_stride(row_full), row_idx.shape[-1], nheads, nheads // k.shape[-2], max_q, max_k, sm_scale * LOG2E,
-         thresh, drop_scale),
+        (*numbers, slh, _lay_stride(row_full), row_idx.shape[-1], nheads, nheads // k.shape[-2], max_q, max_k,
+         sm_scale * LOG2E, thresh, drop_scale),
         dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_DROPOUT=dropout_p > 0,
-             VARLEN=varlen, IDX_WIDTH=_width(row_idx) if varlen else 16, num_warps=warps, num_stages=stages))
+             VARLEN=varlen, IDX_WIDTH=_width(row_idx) if varlen else 16, num_warps=warps, num_stages=stages),
+        varying=(len(numbers),) if varlen else ())
     return plan
 
 
@@ -616,11 +622,14 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
     """(dq, dk, dv); out: three tensors shaped like q, k, v to write them into (views of one packed dqkv). Through a
     plan per call geometry, as `_bs_forward`."""
     do = _lastdim_contig(do)
-    geometry, varlen = TensorGeometry, cu_q is not None
+    varlen = cu_q is not None
+    geometry = _packed_geometry if varlen else TensorGeometry  # as `_bs_forward`'s
     plan = _plan(_bs_bwd_setup, (
-        geometry(do), geometry(q), geometry(k), geometry(v), geometry(o), geometry(lse), geometry(seed),
-        tuple(map(geometry, tables[3:])), geometry(cu_q) if varlen else None, geometry(cu_k) if varlen else None,
-        max_q if varlen else None, max_k if varlen else None, None if out is None else tuple(map(geometry, out)),
+        geometry(do), geometry(q), geometry(k), geometry(v), geometry(o),
+        _packed_lse_geometry(lse) if varlen else TensorGeometry(lse), TensorGeometry(seed),
+        tuple(map(TensorGeometry, tables[3:])), TensorGeometry(cu_q) if varlen else None,
+        TensorGeometry(cu_k) if varlen else None, _varlen_max(max_q) if varlen else None,
+        _varlen_max(max_k) if varlen else None, None if out is None else tuple(map(geometry, out)),
         block_size, causal, sm_scale, dropout_p, _interpreting()))
     return plan(do, q, k, v, o, lse, seed, tables, cu_q, cu_k, out)
 
@@ -629,20 +638,24 @@ class _BlockSparseBackward:
     """One call geometry's backward launches (delta, then dK/dV and dQ: one kernel or two), worked out by
     `_bs_bwd_setup`."""
 
-    __slots__ = ("device", "delta_shape", "fresh_grads", "varlen", "preprocess", "launches")
+    __slots__ = ("device", "grad_dtypes", "varlen", "preprocess", "launches")
 
     def __call__(self, do, q, k, v, o, lse, seed, tables, cu_q, cu_k, out):
-        device = self.device
-        delta = torch.empty(self.delta_shape, dtype=torch.float32, device=device)
-        self.preprocess(o, do, delta, o, cu_q if self.varlen else o)
+        device, varlen = self.device, self.varlen
+        delta = torch.empty(lse_shape(o, varlen), dtype=torch.float32, device=device)
         if out is None:
-            dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.fresh_grads)
+            dq, dk, dv = (torch.empty(t.shape, dtype=dtype, device=device)
+                          for t, dtype in zip((q, k, v), self.grad_dtypes))
         else:
             dq, dk, dv = out
-        cu = (cu_q, cu_k) if self.varlen else (lse, lse)
-        tensors = (q, k, v, do, dq, dk, dv, lse, delta, seed, *tables[3:], *cu)
+        if varlen:  # the packed length: delta's head stride, and the LSE's
+            self.preprocess.run((o, do, delta, o, cu_q), (o.shape[0],))
+            tensors, values = (q, k, v, do, dq, dk, dv, lse, delta, seed, *tables[3:], cu_q, cu_k), (lse.stride(0),)
+        else:
+            self.preprocess(o, do, delta, o, o)
+            tensors, values = (q, k, v, do, dq, dk, dv, lse, delta, seed, *tables[3:], lse, lse), ()
         for kernel in self.launches:
-            kernel(*tensors)
+            kernel.run(tensors, values)
         return dq, dk, dv
 
 
@@ -658,20 +671,21 @@ def _bs_bwd_setup(do, q, k, v, o, lse, seed, bwd_tables, cu_q, cu_k, max_q, max_
         max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
     slb, slh = lse_strides(lse, varlen)
     plan = _BlockSparseBackward()
-    plan.device, plan.varlen, plan.delta_shape = q.device, varlen, lse_shape(o, varlen)
-    delta = TensorGeometry.fresh(plan.delta_shape, torch.float32, q.device)
+    plan.device, plan.varlen = q.device, varlen
+    delta = TensorGeometry.fresh(lse_shape(o, varlen), torch.float32, q.device)
     plan.preprocess = _bwd_preprocess_launch(o, do, delta, None, varlen, batch, max_q if varlen else o.shape[1])
-    plan.fresh_grads = None
+    plan.grad_dtypes = (q.dtype, k.dtype, v.dtype)
     if grads is None:
-        plan.fresh_grads, grads = _fresh_grads(q, k, v, device=q.device)
+        grads = tuple(TensorGeometry.fresh(t.shape, t.dtype, q.device) for t in (q, k, v))
     dq, dk, dv = grads
     thresh, drop_scale = _drop_consts(dropout_p)
     bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", block_size, d)
     col_full, _, col_idx, row_full, _, row_idx = bwd_tables
     n_kv_tiles, n_q_tiles = cdiv(max_k, bn1), cdiv(max_q, bm2)
     numbers = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen),
-               *_strides(dq, varlen), *_strides(dk, varlen), *_strides(dv, varlen), slb, slh,
-               _lay_stride(col_full), col_idx.shape[-1], _lay_stride(row_full), row_idx.shape[-1],
+               *_strides(dq, varlen), *_strides(dk, varlen), *_strides(dv, varlen), slb)
+    varying = (len(numbers),) if varlen else ()  # slh
+    numbers += (slh, _lay_stride(col_full), col_idx.shape[-1], _lay_stride(row_full), row_idx.shape[-1],
                n_kv_tiles, n_q_tiles, nheads, group, max_q, max_k, sm_scale, sm_scale * LOG2E, thresh, drop_scale)
     consts = dict(HEAD_DIM=d, BLOCK_D=_block_d(d), BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2, BLOCK_N2=bn2,
                   CAUSAL=causal, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen,
@@ -679,10 +693,12 @@ def _bs_bwd_setup(do, q, k, v, o, lse, seed, bwd_tables, cu_q, cu_k, max_q, max_
                   LSE_ALIGNED=lse_aligned(slb, slh, varlen), num_warps=warps, num_stages=stages)
     bhk = batch * nheads_k
     if _bwd_mode(d) == "fused":
-        plan.launches = (Prepared(_bs_bwd_kernel, (n_kv_tiles + group * n_q_tiles, bhk), numbers, dict(consts, ROLE=0)),)
+        plan.launches = (Prepared(_bs_bwd_kernel, (n_kv_tiles + group * n_q_tiles, bhk), numbers, dict(consts, ROLE=0),
+                                  varying=varying),)
     else:
-        plan.launches = (Prepared(_bs_bwd_kernel, (n_kv_tiles, bhk), numbers, dict(consts, ROLE=1)),
-                         Prepared(_bs_bwd_kernel, (group * n_q_tiles, bhk), numbers, dict(consts, ROLE=2)))
+        plan.launches = (Prepared(_bs_bwd_kernel, (n_kv_tiles, bhk), numbers, dict(consts, ROLE=1), varying=varying),
+                         Prepared(_bs_bwd_kernel, (group * n_q_tiles, bhk), numbers, dict(consts, ROLE=2),
+                                  varying=varying))
     return plan
 
 

@@ -914,23 +914,28 @@ def _autotuning() -> bool:
     return not _env_is("FLASH_AUTOTUNE", "0")
 
 
+def _launch_config(kind, tuned, consts: dict, tune: tuple, dtypes: tuple) -> dict | None:
+    """The block sizes and launch options of one launch: the interpreter's small blocks; the fixed config with
+    FLASH_AUTOTUNE=0 or tuned=None; else the autotuner's choice for the key, None while it has not been tuned."""
+    if _interpreting():
+        return {**_INTERP_BLOCK, **_KIND_CONSTS.get(kind, {})}
+    if tuned is None or not _autotuning():
+        m, n, w, s = fallback_configs(consts["BLOCK_D"])[kind]
+        return {"BLOCK_M": m, "BLOCK_N": n, **_KIND_CONSTS.get(kind, {}), "num_warps": w, "num_stages": s}
+    return _TUNED_CONFIGS.get((kind, *tune, *consts.values(), *dtypes))
+
+
 def _launch(kind, raw, tuned, grid_of, args, consts, dtypes=()):
     """Autotuned launch on the GPU; a fixed config with FLASH_AUTOTUNE=0 or tuned=None; a small one under the
     interpreter. args end with the two tuning buckets; dtypes: those of the tensors whose dtype can vary
     independently."""
-    if _interpreting():
-        raw[grid_of(_INTERP_BLOCK)](*args, **consts, **_INTERP_BLOCK, **_KIND_CONSTS.get(kind, {}))
-    elif tuned is None or not _autotuning():
-        m, n, w, s = fallback_configs(consts["BLOCK_D"])[kind]
-        blocks = {"BLOCK_M": m, "BLOCK_N": n, **_KIND_CONSTS.get(kind, {})}
-        launch(raw, grid_of(blocks), args, {**consts, **blocks, "num_warps": w, "num_stages": s})
+    config = _launch_config(kind, tuned, consts, args[-2:], dtypes)
+    if config is None:  # the key's first call: tune, keep the choice
+        tuned[lambda meta: grid_of(meta)](*args, **consts)
+        _TUNED_CONFIGS[(kind, *args[-2:], *consts.values(), *dtypes)] = tuned.best_config.all_kwargs()
+    elif _interpreting():
+        raw[grid_of(config)](*args, **consts, **config)
     else:
-        key = (kind, args[-2], args[-1], *consts.values(), *dtypes)
-        config = _TUNED_CONFIGS.get(key)
-        if config is None:
-            tuned[lambda meta: grid_of(meta)](*args, **consts)
-            _TUNED_CONFIGS[key] = config = tuned.best_config.all_kwargs()
-            return
         launch(raw, grid_of(config), args, {**consts, **config})
 
 
@@ -1173,10 +1178,12 @@ def _bwd_preprocess_launch(o, do, delta, zero, varlen: bool, batch: int, seqlen:
     block_m = 16 if _interpreting() else 64
     o_strides = _strides(o, varlen)
     zero_strides = o_strides if zero is None else _strides(zero, varlen)
+    numbers = (seqlen, nheads, *o_strides, *_strides(do, varlen), sdb)
     return Prepared(_bwd_preprocess_kernel, (cdiv(seqlen, block_m), batch * nheads),
-                    (seqlen, nheads, *o_strides, *_strides(do, varlen), sdb, sdh, *zero_strides),
+                    (*numbers, sdh, *zero_strides),
                     dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), BLOCK_M=block_m, VARLEN=varlen,
-                         ZERO_FILL=zero is not None))
+                         ZERO_FILL=zero is not None),
+                    varying=(len(numbers),) if varlen else ())  # varlen: sdh, the packed length (`_jit_bwd_plan`)
 
 
 @triton.jit
@@ -1492,29 +1499,9 @@ def _flash_fwd(q, k, v, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, ma
         plan = _gluon_fwd_plan(q, k, v, softmax_scale, causal, dropout_p, out_dtype)
         if plan is not None:
             return plan(q, k, v)
-    nheads, headdim = q.shape[-2], q.shape[-1]
-    group = nheads // k.shape[-2]
-    o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
-    batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
-    if varlen:
-        max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
-    lse = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
-    seed = draw_dropout_seed(q.device) if dropout_p > 0 else lse  # any pointer when unused
-    slb, slh = lse_strides(lse, varlen)
-    thresh, drop_scale = _drop_consts(dropout_p)
-    cu_q_arg = cu_q if varlen else lse
-    cu_k_arg = cu_k if varlen else lse
-    args = (q, k, v, o, lse, seed, cu_q_arg, cu_k_arg, max_q, max_k, nheads, group, softmax_scale * LOG2E, thresh,
-            drop_scale, *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen),
-            slb, slh, _bucket(max_q), _bucket(max_k))
-    consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
-                  HAS_DROPOUT=dropout_p > 0, REVERSE=causal)
-    kind, tuned = _fwd_kind(q, k, v, causal, dropout_p, varlen, warp_spec)
-    if kind == "fwd_ws" and not _interpreting():
-        _ensure_tma_allocator()
-    _launch(kind, _fwd_kernel, tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads), args, consts,
-            (q.dtype, o.dtype))
-    return o, lse, seed
+    plan = _jit_fwd_plan(q, k, v, cu_q if varlen else None, cu_k if varlen else None, max_q, max_k, softmax_scale,
+                         causal, dropout_p, out_dtype, warp_spec)
+    return plan(q, k, v, cu_q, cu_k)
 
 
 def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varlen, cu_q, cu_k, max_q, max_k,
@@ -1529,57 +1516,228 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
         plan = _gluon_bwd_plan(do, q, k, v, o, lse, seed, out, grad_dtype, softmax_scale, causal, dropout_p)
         if plan is not None:
             return plan(do, q, k, v, o, lse, seed, out)
+    plan = _jit_bwd_plan(do, q, k, v, o, lse, seed, delta, out, grad_dtype, cu_q if varlen else None,
+                         cu_k if varlen else None, max_q, max_k, softmax_scale, causal, dropout_p)
+    return plan(do, q, k, v, o, lse, seed, delta, out, cu_q, cu_k)
+
+
+# The @triton.jit kernels' plans, as the Gluon ones: a call geometry's launches worked out once. A varlen batch's
+# packed length changes from batch to batch, so its plans are keyed without it (`_packed_geometry`): what it changes
+# in a launch is the LSE's (and delta's) head stride, which the kernels do not specialise on (`_PER_BATCH_INTS`), and
+# the fused backward's dQ-buffer rows; each call passes those (`Prepared.varying`).
+
+
+def _rows_class(n: int) -> int:
+    """What the checks can tell apart of a packed length: no rows, one, several, more than 2^31 (`_ws_layout_problem`)."""
+    return n if n < 2 else 2 if n < 2**31 else 2**31
+
+
+def _packed_geometry(t):
+    """The TensorGeometry of a packed (total, nheads, headdim) tensor, its total replaced by `_rows_class`'s (its
+    strides do not depend on it)."""
+    shape = t.shape
+    return tuple.__new__(TensorGeometry, (torch.Size((_rows_class(shape[0]), *shape[1:])), t.stride(), t.dtype,
+                                          t.device, t.data_ptr() % 16))
+
+
+def _packed_lse_geometry(lse):
+    """The TensorGeometry of a varlen (nheads, total) LSE or delta, its total replaced by `_rows_class`'s and its head
+    stride by that: the kernels take the real one at each call."""
+    (nheads, total), (_, token_stride) = lse.shape, lse.stride()
+    rows = _rows_class(total)
+    return tuple.__new__(TensorGeometry, (torch.Size((nheads, rows)), (rows, token_stride), lse.dtype, lse.device,
+                                          lse.data_ptr() % 16))
+
+
+def _pointer_geometry(t):
+    """What a launch keys of a tensor it passes only as an unused pointer (a seed without dropout)."""
+    return None if t is None else (t.dtype, t.device, t.data_ptr() % 16)
+
+
+class _JitLaunch:
+    """One launch of a @triton.jit kernel in a plan. Its first call resolves the config (`_launch_config`; while the
+    autotuner has not tuned the key, the call goes through `_launch`, which tunes it); the launches then go through a
+    `Prepared`. Called with the leading tensors and the values of the varying numbers."""
+
+    __slots__ = ("kind", "raw", "tuned", "grid_of", "numbers", "consts", "dtypes", "varying", "prepared")
+
+    def __init__(self, kind, raw, tuned, grid_of, numbers: tuple, consts: dict, dtypes: tuple, varying: tuple = ()):
+        self.kind, self.raw, self.tuned, self.grid_of = kind, raw, tuned, grid_of
+        self.numbers, self.consts, self.dtypes, self.varying = numbers, consts, dtypes, varying
+        self.prepared = None
+
+    def __call__(self, tensors: tuple, values: tuple = ()) -> None:
+        prepared = self.prepared
+        if prepared is None:
+            config = _launch_config(self.kind, self.tuned, self.consts, self.numbers[-2:], self.dtypes)
+            if config is None:
+                numbers = self.numbers
+                for i, value in zip(self.varying, values):
+                    numbers = (*numbers[:i], value, *numbers[i + 1:])
+                _launch(self.kind, self.raw, self.tuned, self.grid_of, (*tensors, *numbers), self.consts, self.dtypes)
+                return
+            prepared = self.prepared = Prepared(self.raw, self.grid_of(config), self.numbers,
+                                                {**self.consts, **config}, varying=self.varying)
+        prepared.run(tensors, values)
+
+
+class _JitForward:
+    """One call geometry's @triton.jit forward (`_jit_fwd_setup`)."""
+
+    __slots__ = ("device", "o_dtype", "varlen", "dropout", "tma", "launch")
+
+    def __call__(self, q, k, v, cu_q, cu_k):
+        device = self.device
+        o = torch.empty(q.shape, dtype=self.o_dtype, device=device)
+        lse = torch.empty(lse_shape(q, self.varlen), dtype=torch.float32, device=device)
+        seed = draw_dropout_seed(device) if self.dropout else lse  # any pointer when unused
+        if self.tma:
+            _ensure_tma_allocator()
+        if self.varlen:
+            self.launch((q, k, v, o, lse, seed, cu_q, cu_k), (lse.stride(0),))
+        else:
+            self.launch((q, k, v, o, lse, seed, lse, lse))
+        return o, lse, seed
+
+
+def _jit_fwd_plan(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, out_dtype, warp_spec):
+    """The @triton.jit forward of this call (a `_JitForward`), made once per geometry; varlen (cu_q given): per
+    geometry but for the packed length, and per longest sequence as the kernels get it (`_varlen_max`)."""
+    if cu_q is None:
+        geometry, lengths = TensorGeometry, (None, None)
+    else:
+        geometry, lengths = _packed_geometry, (_varlen_max(max_q), _varlen_max(max_k))
+        cu_q, cu_k = TensorGeometry(cu_q), TensorGeometry(cu_k)
+    return _plan(_jit_fwd_setup, (geometry(q), geometry(k), geometry(v), cu_q, cu_k, *lengths, softmax_scale, causal,
+                                  dropout_p, out_dtype, warp_spec, (_interpreting(), _autotuning())))
+
+
+def _jit_fwd_setup(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, out_dtype, warp_spec,
+                   switches):
+    """`_jit_fwd_plan`'s plan from the call's geometries (switches: read by the checks and `_launch_config`)."""
+    varlen = cu_q is not None
+    nheads, headdim = q.shape[-2], q.shape[-1]
+    group = nheads // k.shape[-2]
+    batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
+    plan = _JitForward()
+    plan.device, plan.o_dtype, plan.varlen, plan.dropout = q.device, out_dtype or q.dtype, varlen, dropout_p > 0
+    o = TensorGeometry.fresh(q.shape, plan.o_dtype, q.device)
+    lse = TensorGeometry.fresh(lse_shape(q, varlen), torch.float32, q.device)
+    slb, slh = lse_strides(lse, varlen)
+    thresh, drop_scale = _drop_consts(dropout_p)
+    numbers = (max_q, max_k, nheads, group, softmax_scale * LOG2E, thresh, drop_scale, *_strides(q, varlen),
+               *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), slb)
+    varying = (len(numbers),) if varlen else ()  # slh: the packed length
+    numbers += (slh, _bucket(max_q), _bucket(max_k))
+    consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
+                  HAS_DROPOUT=dropout_p > 0, REVERSE=causal)
+    kind, tuned = _fwd_kind(q, k, v, causal, dropout_p, varlen, warp_spec)
+    plan.tma = kind == "fwd_ws" and not _interpreting()
+    plan.launch = _JitLaunch(kind, _fwd_kernel, tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads), numbers,
+                             consts, (q.dtype, plan.o_dtype), varying)
+    return plan
+
+
+class _JitBackward:
+    """One call geometry's @triton.jit backward (`_jit_bwd_setup`): the dQ kernel (computing delta unless the caller
+    gave it) then the dK/dV one; or, fused, delta, the dK/dV kernel adding dQ into a float32 buffer, and dQ's scale
+    and cast."""
+
+    __slots__ = ("device", "varlen", "grad_dtypes", "compute_delta", "fused", "scale", "preprocess", "dq", "dkdv")
+
+    def __call__(self, do, q, k, v, o, lse, seed, delta, out, cu_q, cu_k):
+        device, varlen = self.device, self.varlen
+        if self.compute_delta:
+            delta = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=device)
+        if out is None:
+            dq, dk, dv = (torch.empty(t.shape, dtype=dtype, device=device)
+                          for t, dtype in zip((q, k, v), self.grad_dtypes))
+        else:
+            dq, dk, dv = out
+        if not varlen:
+            cu_q = cu_k = lse
+        lse_head = (lse.stride(0),) if varlen else ()
+        if self.fused:
+            dqa = torch.zeros(q.shape[0] * (1 if varlen else q.shape[1]), q.shape[-2] * q.shape[-1],
+                              dtype=torch.float32, device=device)
+            if self.compute_delta:
+                self.preprocess.run((o, do, delta, o, cu_q if varlen else o), (q.shape[0],) if varlen else ())
+            if not _interpreting():
+                _ensure_tma_allocator()
+            # varlen: the LSE's head stride and the buffer's rows
+            self.dkdv((q, k, v, do, dk, dv, dqa, lse, delta, seed, cu_q, cu_k), (*lse_head, q.shape[0]) if varlen else ())
+            torch.mul(dqa.view(q.shape), self.scale, out=dq)  # scale and cast in one pass over the float32 buffer
+            return dq, dk, dv
+        self.dq((q, k, v, do, dq, lse, delta, seed, o if self.compute_delta else dq, cu_q, cu_k), lse_head)
+        self.dkdv((q, k, v, do, dk, dv, dk, lse, delta, seed, cu_q, cu_k), lse_head)
+        return dq, dk, dv
+
+
+def _jit_bwd_plan(do, q, k, v, o, lse, seed, delta, out, grad_dtype, cu_q, cu_k, max_q, max_k, softmax_scale,
+                  causal, dropout_p):
+    """The @triton.jit backward of this call (a `_JitBackward`), made once per geometry as `_jit_fwd_plan`."""
+    if cu_q is None:
+        geometry, lse_geometry, lengths = TensorGeometry, TensorGeometry, (None, None)
+    else:
+        geometry, lse_geometry = _packed_geometry, _packed_lse_geometry
+        lengths = (_varlen_max(max_q), _varlen_max(max_k))
+        cu_q, cu_k = TensorGeometry(cu_q), TensorGeometry(cu_k)
+    return _plan(_jit_bwd_setup, (
+        geometry(do), geometry(q), geometry(k), geometry(v), geometry(o) if delta is None else None, lse_geometry(lse),
+        geometry(seed) if dropout_p > 0 else _pointer_geometry(seed), None if delta is None else lse_geometry(delta),
+        None if out is None else tuple(map(geometry, out)), grad_dtype, cu_q, cu_k, *lengths, softmax_scale, causal,
+        dropout_p, (_interpreting(), _autotuning(), torch.are_deterministic_algorithms_enabled(),
+                    FUSED_DROPOUT_BWD_MAX_D)))
+
+
+def _jit_bwd_setup(do, q, k, v, o, lse, seed, delta, grads, grad_dtype, cu_q, cu_k, max_q, max_k, softmax_scale,
+                   causal, dropout_p, switches):
+    """`_jit_bwd_plan`'s plan from the call's geometries (switches: read by `_fused_bwd` and `_launch_config`)."""
+    varlen = cu_q is not None
+    device = q.device
     nheads, headdim = q.shape[-2], q.shape[-1]
     nheads_k = k.shape[-2]
     group = nheads // nheads_k
     batch, max_q, max_k = problem_sizes(q, k, cu_q, max_q, max_k)
-    if varlen:
-        max_q, max_k = _varlen_max(max_q), _varlen_max(max_k)
-    slb, slh = lse_strides(lse, varlen)
+    plan = _JitBackward()
+    plan.device, plan.varlen, plan.scale = device, varlen, softmax_scale
     # Without a caller's delta, the two-kernel path's dQ kernel computes it (COMPUTE_DELTA) and runs first; the
     # fused path, whose dK/dV work starts at once, takes it from `bwd_preprocess`.
-    compute_delta = delta is None
+    plan.compute_delta = compute_delta = delta is None
     if compute_delta:
-        delta = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=q.device)
-    if out is not None:
-        dq, dk, dv = out
-    else:
-        dq = torch.empty(q.shape, dtype=grad_dtype or q.dtype, device=q.device)
-        dk = torch.empty(k.shape, dtype=grad_dtype or k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=grad_dtype or v.dtype, device=v.device)
-    fused = _fused_bwd(q, dropout_p, _block_d(headdim))
-    if compute_delta and fused:
-        bwd_preprocess(o, do, varlen, cu_q, max_q, out=delta)
+        delta = TensorGeometry.fresh(lse_shape(q, varlen), torch.float32, device)
+    plan.grad_dtypes = tuple(grad_dtype or t.dtype for t in (q, k, v))
+    if grads is None:
+        grads = tuple(TensorGeometry.fresh(t.shape, dtype, device) for t, dtype in zip((q, k, v), plan.grad_dtypes))
+    dq, dk, dv = grads
+    plan.fused = fused = _fused_bwd(q, dropout_p, _block_d(headdim))
+    slb, slh = lse_strides(lse, varlen)
     thresh, drop_scale = _drop_consts(dropout_p)
-    cu_q_arg = cu_q if varlen else lse
-    cu_k_arg = cu_k if varlen else lse
-    common = (cu_q_arg, cu_k_arg, max_q, max_k, nheads, group, softmax_scale, softmax_scale * LOG2E, thresh,
-              drop_scale, *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
+    common = (max_q, max_k, nheads, group, softmax_scale, softmax_scale * LOG2E, thresh, drop_scale,
+              *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen))
     consts = dict(HEAD_DIM=headdim, BLOCK_D=_block_d(headdim), IS_CAUSAL=causal, VARLEN=varlen,
                   HAS_DROPOUT=dropout_p > 0)
     tune = (_bucket(max_q), _bucket(max_k))
-    dkdv_strides = (*_strides(dk, varlen), *_strides(dv, varlen), slb, slh)
+    dkdv_numbers = (*common, *_strides(dk, varlen), *_strides(dv, varlen), slb)
+    dkdv_varying = (len(dkdv_numbers),) if varlen else ()  # slh
     dkdv_consts = dict(consts, GQA=group > 1, LSE_ALIGNED=lse_aligned(slb, slh, varlen))
+    dkdv_grid = lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k)  # noqa: E731
     if fused:
         rows = q.shape[0] * (1 if varlen else q.shape[1])
-        dqa = torch.zeros(rows, nheads * headdim, dtype=torch.float32, device=q.device)
-        tma = not _interpreting()
-        if tma:
-            _ensure_tma_allocator()
-        _launch("fused", _bwd_dkdv_kernel, _fused_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
-                (q, k, v, do, dk, dv, dqa, lse, delta, seed, *common, *dkdv_strides, rows, *tune),
-                dict(dkdv_consts, FUSED_DQ=True, DQ_TMA=tma), (q.dtype, do.dtype, dk.dtype))
-        torch.mul(dqa.view(q.shape), softmax_scale, out=dq)  # scale and cast in one pass over the float32 buffer
-        return dq, dk, dv
+        if compute_delta:
+            plan.preprocess = _bwd_preprocess_launch(o, do, delta, None, varlen, batch, max_q)
+        plan.dkdv = _JitLaunch("fused", _bwd_dkdv_kernel, _fused_tuned, dkdv_grid, (*dkdv_numbers, slh, rows, *tune),
+                               dict(dkdv_consts, FUSED_DQ=True, DQ_TMA=not _interpreting()),
+                               (q.dtype, do.dtype, dk.dtype), (*dkdv_varying, len(dkdv_numbers) + 1) if varlen else ())
+        return plan
     o_arg = o if compute_delta else dq  # any pointer when unused
-    _launch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
-            (q, k, v, do, dq, lse, delta, seed, o_arg, *common, *_strides(dq, varlen), *_strides(o_arg, varlen),
-             slb, slh, *tune),
-            dict(consts, REVERSE=causal, COMPUTE_DELTA=compute_delta), (q.dtype, do.dtype, dq.dtype))
-    _launch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, lambda m: (cdiv(max_k, m["BLOCK_N"]), batch * nheads_k),
-            (q, k, v, do, dk, dv, dk, lse, delta, seed, *common, *dkdv_strides, 0, *tune), dkdv_consts,
-            (q.dtype, do.dtype, dk.dtype))
-    return dq, dk, dv
+    dq_numbers = (*common, *_strides(dq, varlen), *_strides(o_arg, varlen), slb)
+    plan.dq = _JitLaunch("dq", _bwd_dq_kernel, _dq_tuned, lambda m: (cdiv(max_q, m["BLOCK_M"]), batch * nheads),
+                         (*dq_numbers, slh, *tune), dict(consts, REVERSE=causal, COMPUTE_DELTA=compute_delta),
+                         (q.dtype, do.dtype, dq.dtype), (len(dq_numbers),) if varlen else ())
+    plan.dkdv = _JitLaunch("dkdv", _bwd_dkdv_kernel, _dkdv_tuned, dkdv_grid, (*dkdv_numbers, slh, 0, *tune),
+                           dkdv_consts, (q.dtype, do.dtype, dk.dtype), dkdv_varying)
+    return plan
 
 
 # The fused backward: the dK/dV kernel also adds dQ (atomically, through Hopper's TMA reduce), so no dQ kernel

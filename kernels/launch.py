@@ -277,6 +277,19 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict) -> None:
     runner(*_grid3(grid), _current_stream(device), args, tail)
 
 
+_NEVER_BIND = -(2**62)  # a Prepared's call count that never reaches 2
+
+
+def _unkeyed(kernel, n_numbers: int, positions: tuple) -> bool:
+    """Whether the kernel declares do_not_specialize the parameters at these positions of its trailing numbers (never
+    asked of the interpreter's kernels, which have no params and never bind: say no)."""
+    if not hasattr(kernel, "params"):
+        return False
+    params = [p for p in kernel.params if not p.is_constexpr]
+    numbers = params[len(params) - n_numbers:]
+    return all(numbers[i].do_not_specialize for i in positions)
+
+
 def _grid3(grid: tuple) -> tuple:
     """(x, y, z) of a grid of one to three dimensions."""
     return (*grid, 1, 1)[:3]
@@ -295,20 +308,38 @@ class Prepared:
     key, and the buffers it allocates come from torch's allocator, aligned to 512 bytes on CUDA). A launch hook, the
     interpreter or another current device take launch() again."""
 
-    __slots__ = ("kernel", "grid", "numbers", "constexprs", "descriptors", "_bound", "_calls")
+    __slots__ = ("kernel", "grid", "numbers", "constexprs", "descriptors", "varying", "_bound", "_calls")
 
-    def __init__(self, kernel, grid: tuple, numbers: tuple, constexprs: dict, descriptors: tuple = ()):
+    def __init__(self, kernel, grid: tuple, numbers: tuple, constexprs: dict, descriptors: tuple = (),
+                 varying: tuple = ()):
         self.kernel, self.grid, self.numbers, self.constexprs = kernel, grid, numbers, constexprs
         self.descriptors = descriptors
+        # positions in numbers that a call may give anew (`run`): a varlen batch's packed length and the LSE strides
+        # made of it. Where the kernel keys one of them (not do_not_specialize), launch() finds each value its own
+        # specialisation, so such a Prepared never binds.
+        self.varying = varying
         self._bound = None  # (device, runner, tail, (grid x, y, z), the runner's descriptor-parts entry or None)
-        self._calls = 0
+        self._calls = 0 if not varying or _unkeyed(kernel, len(numbers), varying) else _NEVER_BIND
 
-    def _args(self, tensors: tuple) -> tuple:
+    def _args(self, tensors: tuple, numbers: tuple) -> tuple:
         """The kernel's arguments: the first tensors as descriptors, then the other tensors, then the numbers."""
         n = len(self.descriptors)
-        return (*(make(t) for make, t in zip(self.descriptors, tensors)), *tensors[n:], *self.numbers)
+        return (*(make(t) for make, t in zip(self.descriptors, tensors)), *tensors[n:], *numbers)
 
     def __call__(self, *tensors) -> None:
+        self._launch(tensors, self.numbers)
+
+    def run(self, tensors: tuple, values: tuple) -> None:
+        """The launch with `values` at the `varying` positions of the numbers, in their order."""
+        numbers = self.numbers
+        for i, value in zip(self.varying, values):
+            numbers = (*numbers[:i], value, *numbers[i + 1:])
+        if self._bound is not None and not _fits_int32(values):  # the kept runner takes them as 32-bit ints
+            launch(self.kernel, self.grid, self._args(tensors, numbers), self.constexprs)
+            return
+        self._launch(tensors, numbers)
+
+    def _launch(self, tensors: tuple, numbers: tuple) -> None:
         bound = self._bound
         if bound is not None and not _launch_hooked() and _current_device() == bound[0]:
             device, runner, tail, grid3, from_parts = bound
@@ -316,11 +347,11 @@ class Prepared:
                 n = len(self.descriptors)
                 from_parts(*grid3, _current_stream(device),
                            [(t, *make.parts) for make, t in zip(self.descriptors, tensors)],
-                           (*tensors[n:], *self.numbers), tail)
+                           (*tensors[n:], *numbers), tail)
             else:
-                runner(*grid3, _current_stream(device), self._args(tensors), tail)
+                runner(*grid3, _current_stream(device), self._args(tensors, numbers), tail)
             return
-        args = self._args(tensors)
+        args = self._args(tensors, numbers)
         launch(self.kernel, self.grid, args, self.constexprs)
         self._calls += 1
         if self._calls == 2 and not _interpreting():  # a one-off launch (the public launchers) does not bind

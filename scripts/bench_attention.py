@@ -318,11 +318,15 @@ def model_shapes(args, meta):
     forward+backward, providers interleaved over --rounds; writes <tag>.json and <tag>.md."""
     rows = []
     base = os.path.join(args.out, args.tag)
+    others = [p for p in args.providers or () if p not in MODEL_PROVIDERS]
+    if others:
+        raise SystemExit(f"--model-shapes runs {' '.join(MODEL_PROVIDERS)}, not {' '.join(others)}")
+    providers = [p for p in MODEL_PROVIDERS if p in (args.providers or MODEL_PROVIDERS)]
     for shape_name, shape in MODEL_SHAPES.items():
         b, n, h, d, causal = (shape[k] for k in ("b", "n", "h", "d", "causal"))
         lengths = bert_lengths(b) if shape["varlen"] else torch.full((b,), n)
         for p in (0.0, 0.1):
-            point = bench_point(MODEL_PROVIDERS, b, h, n, d, causal, ["fwd", "fwdbwd"], False, args.rep, args.rounds,
+            point = bench_point(providers, b, h, n, d, causal, ["fwd", "fwdbwd"], False, args.rep, args.rounds,
                                 setup=functools.partial(model_setup, shape, p=p, lengths=lengths),
                                 flop_count=functools.partial(real_flops, lengths, h, d, causal), graphed=True)
             for r in point:
@@ -513,7 +517,8 @@ def main():
     ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
-    ap.add_argument("--providers", nargs="+", default=PROVIDERS, choices=PROVIDERS)
+    ap.add_argument("--providers", nargs="+", default=None, choices=sorted(set(PROVIDERS + MODEL_PROVIDERS)),
+                    help=f"default: {' '.join(PROVIDERS)}; with --model-shapes {' '.join(MODEL_PROVIDERS)}")
     ap.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"], choices=["fwd", "fwdbwd"])
     ap.add_argument("--flex-seqlens", type=int, nargs="*", default=None,
                     help="run FlexAttention only at these lengths (it compiles per shape: ~15 s each)")
@@ -556,6 +561,9 @@ def main():
     if args.model_shapes:
         model_shapes(args, meta)
         return
+    args.providers = args.providers or PROVIDERS
+    if "sdpa_default" in args.providers:
+        ap.error("sdpa_default is a --model-shapes provider")
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     rows = []
     t0 = time.time()

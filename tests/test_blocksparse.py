@@ -246,6 +246,37 @@ def test_varlen_matches_per_sequence_reference(case, dtype, device):
         assert err <= mult * base + floor, f"{name}: error {err:.3g} > {mult} x {base:.3g} + {floor}"
 
 
+def test_varlen_plans_serve_every_packed_length(device, monkeypatch):
+    """As kernels.flash's: the varlen plans are keyed without the packed length, so a second batch with the same count
+    of sequences and longest length (rounded) takes the first one's plans, with its own LSE and delta strides, and gets
+    what plans made from its own packed length get."""
+    import kernels.flash as fl
+    from kernels.blocksparse import _bs_bwd_setup, _bs_fwd_setup, blocksparse_attn_varlen_func
+
+    layout = S.random(64, 64, 16, 0.5, seed=9)
+
+    def run(lengths):
+        q, k, v, cu = varlen_case(lengths, 2, 2, 16, _accuracy_dtype(device), device, seed=4)
+        torch.manual_seed(3)
+        out = blocksparse_attn_varlen_func(q, k, v, layout, cu, cu, max(lengths), max(lengths), dropout_p=0.2,
+                                           causal=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+
+    def plans():
+        return sum(setup in (_bs_fwd_setup, _bs_bwd_setup) for setup, _ in _PLANS)
+
+    clear_plans()
+    run([40, 23, 7])
+    assert plans() == 2
+    reused = run([10, 44, 30])  # 84 tokens against 70; the longest rounds to 48 both times
+    assert plans() == 2
+    clear_plans()
+    monkeypatch.setattr(fl, "_rows_class", lambda n: n)  # plans made from this batch's own packed length
+    fresh = run([10, 44, 30])
+    for a, b in zip(reused, fresh):
+        torch.testing.assert_close(a, b, atol=0 if device == "cpu" else 1e-5, rtol=0 if device == "cpu" else 1e-5)
+
+
 def test_varlen_dropout_matches_dense_kernel_mask(device):
     # Sequence b of the pack draws the dense kernel's mask of batch index b (same seed).
     from kernels.blocksparse import blocksparse_attn_varlen_func

@@ -171,6 +171,34 @@ def test_varlen_equals_per_sequence(causal, device):
             torch.testing.assert_close(g[s], gref[0], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("head_dim, dropout_p", [(40, 0.0), (32, 0.3)], ids=["two-kernel", "fused-dropout"])
+def test_varlen_plans_serve_every_packed_length(head_dim, dropout_p, device, monkeypatch):
+    """A varlen plan is made without the packed length (it changes every batch): a second batch with the same count
+    of sequences and longest length takes the first batch's plans, with its own LSE stride (and, fused, dQ rows), and
+    gets what a plan made from its own packed length gets."""
+    def run(lengths):
+        q, k, v, cu = _packed(lengths, 4, 2, head_dim, device)
+        torch.manual_seed(3)
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), dropout_p=dropout_p)
+        return (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+
+    def jit_plans():
+        return sum(setup in (fl._jit_fwd_setup, fl._jit_bwd_setup) for setup, _ in fl._PLANS)
+
+    fl.clear_plans()
+    run([5, 37, 20])
+    assert jit_plans() == 2
+    reused = run([30, 3, 40])  # 73 tokens against 62; the longest rounds to 48 both times
+    assert jit_plans() == 2
+    fl.clear_plans()
+    monkeypatch.setattr(fl, "_rows_class", lambda n: n)  # the plan's numbers from this batch's own packed length
+    fresh = run([30, 3, 40])
+    if dropout_p and device != "cpu":  # the fused backward adds dQ atomically, in a varying order
+        torch.testing.assert_close(reused[1], fresh[1], atol=2e-5, rtol=1e-5)
+        reused, fresh = reused[:1] + reused[2:], fresh[:1] + fresh[2:]
+    assert all(torch.equal(a, b) for a, b in zip(reused, fresh))
+
+
 def test_varlen_different_q_and_k_lengths(device):
     lq, lk = [3, 40, 17], [9, 25, 17]
     q, _, _, cu_q = _packed(lq, 2, 1, 16, device)
@@ -197,6 +225,7 @@ def test_dkdv_tile_orientations_agree(causal, device, monkeypatch):
     grads = {}
     for block_n in (16, 32):
         monkeypatch.setitem(fl._INTERP_BLOCK, "BLOCK_N", block_n)
+        fl.clear_plans()  # a plan keeps the tile it was made with
         _, grads[block_n] = check_against_reference(q, k, v, causal=causal, dropout_mask=mask, dropout_p=p, seed=7)
     for name, a, b_ in zip("qkv", grads[16], grads[32]):
         torch.testing.assert_close(a, b_, atol=1e-5, rtol=0, msg=name)
@@ -208,14 +237,14 @@ def test_dkdv_lse_alignment_hint(n, varlen, aligned, device, monkeypatch):
     `aligned_lse_strides`) exactly when they are: a dense LSE of 16-multiple rows, never varlen, whose head
     stride is the batch's token count (a new packed batch must compile nothing). The gradients stay exact."""
     seen = []
-    launch = fl._launch
+    launch_config = fl._launch_config  # asked once per launch of a plan, when the plan is made
 
-    def spy(kind, raw, tuned, grid_of, args, consts, dtypes=()):
+    def spy(kind, tuned, consts, tune, dtypes):
         if kind in ("dkdv", "fused"):
             seen.append(consts["LSE_ALIGNED"])
-        return launch(kind, raw, tuned, grid_of, args, consts, dtypes)
+        return launch_config(kind, tuned, consts, tune, dtypes)
 
-    monkeypatch.setattr(fl, "_launch", spy)
+    monkeypatch.setattr(fl, "_launch_config", spy)
     monkeypatch.setattr(fl, "_gluon_bwd_unsupported", lambda *a, **kw: "test: the Triton kernels")
     q, k, v = _inputs(2, n, n, 2, 2, 32, torch.float32, device)
     if varlen:  # two sequences of 20 and 12 tokens: 32 packed, a multiple of 16 that must not count
@@ -624,30 +653,63 @@ def test_scale_cast_refuses_layouts_it_cannot_write(device):
         fl.scale_cast(src.half(), 1.0, torch.empty(2, 8, 3, 64, device=device))
 
 
-def test_autotuned_launch_tunes_once_per_key_then_launches_its_config(monkeypatch):
-    """`_launch` with autotuning on the GPU, the path that FLASH_AUTOTUNE=0 test runs never take: a key's first call
-    runs the tuner; later calls launch its best config through kernels/launch.py, on the grid that config gives; a key
-    that differs (a dtype) tunes again."""
+BEST = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+
+
+@pytest.fixture
+def fake_tuning(monkeypatch):
+    """Autotuning on, as on the GPU, with nothing tuned yet and a stand-in tuner: (its class, whose best config is
+    BEST, the tuner launches it makes, a recorder of launches to patch in)."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(fl, "_interpreting", lambda: False)
     monkeypatch.setenv("FLASH_AUTOTUNE", "1")
     monkeypatch.setattr(fl, "_TUNED_CONFIGS", {})
-    best = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     tuned, launched = [], []
 
     class Tuner:
-        best_config = SimpleNamespace(all_kwargs=lambda: dict(best))
+        best_config = SimpleNamespace(all_kwargs=lambda: dict(BEST))
 
         def __getitem__(self, grid):
             return lambda *args, **consts: tuned.append((grid({"BLOCK_M": 16}), args, consts))
 
-    monkeypatch.setattr(fl, "launch", lambda kernel, grid, args, consts: launched.append((kernel, grid, args, consts)))
+    return Tuner, tuned, lambda kernel, grid, args, consts: launched.append((kernel, grid, args, consts)), launched
+
+
+def grid_of(meta):
+    return -(-1000 // meta["BLOCK_M"]), 3
+
+
+def test_plan_launch_tunes_first_then_launches_the_tuned_config(fake_tuning, monkeypatch):
+    """A plan's launch (`_JitLaunch`) with autotuning on the GPU: while its key is untuned, each call goes through
+    `_launch`, which tunes; then a Prepared of the tuned config, on that config's grid, with each call's varying
+    values (a varlen LSE stride) in place."""
+    from types import SimpleNamespace
+
+    import kernels.launch as L
+
+    Tuner, tuned, record, launched = fake_tuning
+    monkeypatch.setattr(L, "_interpreting", lambda: False)
+    monkeypatch.setattr(L, "launch", record)
+    raw = SimpleNamespace()  # no params: never binds (launch() is what is watched here)
+    plan_launch = fl._JitLaunch("dq", raw, Tuner(), grid_of, (5, 0, 1024, 2048), {"HEAD_DIM": 64}, (torch.float16,),
+                                varying=(1,))
+    for stride in (700, 800, 900):
+        plan_launch(("q", "k"), (stride,))
+    assert tuned == [((63, 3), ("q", "k", 5, 700, 1024, 2048), {"HEAD_DIM": 64})]
+    assert launched == [(raw, (32, 3), ("q", "k", 5, s, 1024, 2048), {"HEAD_DIM": 64, **BEST}) for s in (800, 900)]
+
+
+def test_autotuned_launch_tunes_once_per_key_then_launches_its_config(fake_tuning, monkeypatch):
+    """`_launch` with autotuning on the GPU, the path that FLASH_AUTOTUNE=0 test runs never take: a key's first call
+    runs the tuner; later calls launch its best config through kernels/launch.py, on the grid that config gives; a key
+    that differs (a dtype) tunes again."""
+    Tuner, tuned, record, launched = fake_tuning
+    monkeypatch.setattr(fl, "launch", record)
     raw, args = object(), ("q", "k", 5, 7, 1024, 2048)  # tensors, numbers, then the two tuning buckets
-    grid_of = lambda m: (-(-1000 // m["BLOCK_M"]), 3)  # noqa: E731
     for _ in range(3):
         fl._launch("dq", raw, Tuner(), grid_of, args, {"HEAD_DIM": 64}, (torch.float16,))
     assert tuned == [((63, 3), args, {"HEAD_DIM": 64})]
-    assert launched == [(raw, (32, 3), args, {"HEAD_DIM": 64, **best})] * 2
+    assert launched == [(raw, (32, 3), args, {"HEAD_DIM": 64, **BEST})] * 2
     fl._launch("dq", raw, Tuner(), grid_of, args, {"HEAD_DIM": 64}, (torch.bfloat16,))
     assert len(tuned) == 2 and len(launched) == 2

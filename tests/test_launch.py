@@ -167,6 +167,28 @@ def test_prepared_launch_binds_to_the_kept_runner(fake, monkeypatch):
     assert len(slots) == 1 and one_off._bound is None
 
 
+def test_prepared_varying_numbers_reach_the_kernel_and_bind_only_where_unkeyed(fake):
+    """`Prepared.run` gives each call its own values at the varying positions (a varlen batch's LSE stride): they
+    reach the kernel through launch() and, bound, through the kept runner. A varying number the kernel keys never
+    binds (each value may be its own specialisation), and a value past 32 bits goes through launch()."""
+    x, y = torch.zeros(4), torch.zeros(4)
+    prepared = L.Prepared(fake, (1,), (64, 16, 0, 0.5), {"BLOCK": 32}, varying=(2,))  # per_batch: do_not_specialize
+    for value in (1000, 889, 17, 5):
+        prepared.run((x, y), (value,))
+    assert paths(fake) == ["triton", "direct", "direct", "direct"]
+    assert prepared._bound is not None
+    assert [entry[2][4] if entry[0] == "triton" else entry[1][9 + 4] for entry in fake.log] == [1000, 889, 17, 5]
+    prepared.run((x, y), (2**40,))
+    assert paths(fake)[-1] == "triton" and fake.log[-1][2][4] == 2**40
+    prepared(x, y)  # a plain call: the prepared numbers
+    assert fake.log[-1][1][9 + 4] == 0
+    keyed = L.Prepared(fake, (1,), (64, 16, 1000, 0.5), {"BLOCK": 64}, varying=(0,))  # n: specialised on
+    for n in (64, 64, 64, 48):
+        keyed.run((x, y), (n,))
+    assert keyed._bound is None
+    assert [entry[1][9 + 2] for entry in fake.log[-4:] if entry[0] == "direct"] == [64, 64]  # launch()'s own entries
+
+
 def test_hooks_and_interpreter_take_triton_path(fake, monkeypatch):
     x, y = torch.zeros(64), torch.zeros(64)
     args = (x, y, 64, 16, 1000, 0.5)

@@ -83,11 +83,14 @@ def case(label, batch, seqlen, nheads, nheads_k, head_dim, causal, dropout_p, dt
         k, v = (torch.randn(batch, seqlen, nheads_k, head_dim, generator=g).to(dtype) for _ in range(2))
         out = None
         inputs = dict(q=q, k=k, v=v)
-    torch.manual_seed(1)
-    o, lse, seed = F._flash_fwd(q, k, v, head_dim ** -0.5, causal, dropout_p, False, None, None, seqlen, seqlen)
+    forward = []
+    for _ in range(2):  # the second call takes the first one's plan: the same launches
+        torch.manual_seed(1)
+        o, lse, seed = F._flash_fwd(q, k, v, head_dim ** -0.5, causal, dropout_p, False, None, None, seqlen, seqlen)
+        forward.append(text(f"{label}: forward", Roles(**inputs, o=o, lse=lse, seed=seed)))
+    assert forward[0] == forward[1], label
+    print(forward[0], end="")
     do = torch.randn(o.shape, generator=g).to(dtype)
-    roles = Roles(**inputs, o=o, lse=lse, seed=seed, do=do)
-    write(f"{label}: forward", roles)
     backward = []
     for _ in range(2):  # the second call takes the first one's plan (kernels.flash._plan): the same launches
         F._flash_bwd(do, q, k, v, o, lse, seed, head_dim ** -0.5, causal, dropout_p, False, None, None, seqlen, seqlen,
@@ -95,6 +98,46 @@ def case(label, batch, seqlen, nheads, nheads_k, head_dim, causal, dropout_p, dt
         backward.append(text(f"{label}: backward", Roles(**inputs, o=o, lse=lse, seed=seed, do=do)))
     assert backward[0] == backward[1], label
     print(backward[0], end="")
+
+
+def varlen_case(label, batches, nheads, head_dim, causal, dropout_p):
+    """flash's varlen launchers on packed (total, 3, heads, dim) projections, as BERT calls them: one batch of sequence
+    lengths after another (their packed lengths differ; the varlen plans are made without it), each forward and
+    backward twice."""
+    for lengths in batches:
+        g = torch.Generator().manual_seed(0)
+        cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        total, longest = int(cu[-1]), max(lengths)
+        qkv = torch.randn(total, 3, nheads, head_dim, generator=g).to(torch.bfloat16)
+        q, k, v = qkv.unbind(1)
+        dqkv = torch.empty_like(qkv)
+        calls = []
+        for _ in range(2):
+            torch.manual_seed(1)
+            o, lse, seed = F._flash_fwd(q, k, v, head_dim ** -0.5, causal, dropout_p, True, cu, cu, longest, longest)
+            calls.append(text(f"{label}, lengths {lengths}: forward", Roles(qkv=qkv, cu=cu, o=o, lse=lse, seed=seed)))
+        do = torch.randn(o.shape, generator=g).to(torch.bfloat16)
+        for _ in range(2):
+            F._flash_bwd(do, q, k, v, o, lse, seed, head_dim ** -0.5, causal, dropout_p, True, cu, cu, longest, longest,
+                         out=dqkv.unbind(1))
+            calls.append(text(f"{label}, lengths {lengths}: backward",
+                              Roles(qkv=qkv, dqkv=dqkv, cu=cu, o=o, lse=lse, seed=seed, do=do)))
+        assert calls[0] == calls[1] and calls[2] == calls[3], label
+        print(calls[0] + calls[2], end="")
+
+
+def ring_block_case(label, batch, seqlen, nheads, head_dim, causal):
+    """kernels/ring.py's block calls: the forward's output in float32, the backward with the caller's delta and float32
+    gradients."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(batch, seqlen, nheads, head_dim, generator=g).to(torch.bfloat16) for _ in range(4))
+    o, lse, seed = F._flash_fwd(q, k, v, head_dim ** -0.5, causal, 0.0, False, None, None, seqlen, seqlen,
+                                out_dtype=torch.float32)
+    write(f"{label}: forward", Roles(q=q, k=k, v=v, o=o, lse=lse))
+    delta = torch.randn(lse.shape, generator=g)
+    F._flash_bwd(do, q, k, v, o, lse, seed, head_dim ** -0.5, causal, 0.0, False, None, None, seqlen, seqlen,
+                 delta=delta, grad_dtype=torch.float32)
+    write(f"{label}: backward", Roles(q=q, k=k, v=v, o=o, lse=lse, do=do, delta=delta))
 
 
 def blocksparse_case(label, batch, seqlen, nheads, nheads_k, head_dim, causal, dropout_p, varlen=False):
@@ -147,6 +190,12 @@ def main():
     case("head dim 128, causal, dropout 0.1 (no Gluon dropout at 128)", 1, 1024, 2, 2, 128, True, 0.1)
     case("grouped-query heads (8 over 2), head dim 64", 1, 1024, 8, 2, 64, True, 0.0)
     case("300 tokens (no Gluon), head dim 64", 2, 300, 4, 4, 64, False, 0.0)
+    case("head dim 32, dropout 0.1 (the fused backward)", 2, 256, 4, 4, 32, False, 0.1)
+    bert = [(200, 77, 512), (190, 60, 500), (300, 5)]  # the first two: one varlen plan
+    varlen_case("varlen packed, BERT's heads, no dropout", bert, 16, 64, False, 0.0)
+    varlen_case("varlen packed, causal, dropout 0.1", bert, 4, 64, True, 0.1)
+    varlen_case("varlen packed, head dim 32, dropout 0.1 (the fused backward)", bert, 4, 32, False, 0.1)
+    ring_block_case("a ring block (float32 output, the caller's delta, float32 gradients)", 1, 512, 4, 64, True)
     blocksparse_case("block-sparse, head dim 64, causal, dropout 0.1", 2, 512, 4, 4, 64, True, 0.1)
     blocksparse_case("block-sparse, head dim 128, grouped-query heads (4 over 2)", 1, 512, 4, 2, 128, False, 0.0)
     blocksparse_case("block-sparse varlen, head dim 64, causal", 1, 512, 4, 4, 64, True, 0.0, varlen=True)
