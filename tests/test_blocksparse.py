@@ -104,8 +104,12 @@ def test_full_layout_equals_flash(device):
         full = torch.ones(1, 5, 5, dtype=torch.bool, device=device)
         ours = run(lambda a, b, c: blocksparse_attn_func(a, b, c, full, block_size=16, causal=causal), q, k, v, do)
         dense = run(lambda a, b, c: flash_attn_func(a, b, c, causal=causal), q, k, v, do)
-        # Same tiles and the same shared step in the same order: the forward is bit-identical.
-        assert torch.equal(ours[0], dense[0])
+        # Under the interpreter, the same 16 x 16 tiles and the same shared step in the same order: the forward is
+        # bit-identical. On the GPU flash's fixed tiles are larger (another summation order).
+        if device == "cpu":
+            assert torch.equal(ours[0], dense[0])
+        else:
+            torch.testing.assert_close(ours[0], dense[0], atol=2e-3, rtol=1e-3)
         for a, b in zip(ours[1], dense[1]):
             torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
 
