@@ -1528,7 +1528,7 @@ def _flash_bwd(do, q, k, v, o, lse, seed, softmax_scale, causal, dropout_p, varl
 
 
 def _rows_class(n: int) -> int:
-    """What the checks can tell apart of a packed length: no rows, one, several, more than 2^31 (`_ws_layout_problem`)."""
+    """What the checks can tell of a packed length: no rows, one, several, 2^31 or more (`_ws_layout_problem`)."""
     return n if n < 2 else 2 if n < 2**31 else 2**31
 
 
@@ -1664,8 +1664,8 @@ class _JitBackward:
                 self.preprocess.run((o, do, delta, o, cu_q if varlen else o), (q.shape[0],) if varlen else ())
             if not _interpreting():
                 _ensure_tma_allocator()
-            # varlen: the LSE's head stride and the buffer's rows
-            self.dkdv((q, k, v, do, dk, dv, dqa, lse, delta, seed, cu_q, cu_k), (*lse_head, q.shape[0]) if varlen else ())
+            varying = (*lse_head, q.shape[0]) if varlen else ()  # the LSE's head stride and the buffer's rows
+            self.dkdv((q, k, v, do, dk, dv, dqa, lse, delta, seed, cu_q, cu_k), varying)
             torch.mul(dqa.view(q.shape), self.scale, out=dq)  # scale and cast in one pass over the float32 buffer
             return dq, dk, dv
         self.dq((q, k, v, do, dq, lse, delta, seed, o if self.compute_delta else dq, cu_q, cu_k), lse_head)

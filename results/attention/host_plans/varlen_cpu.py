@@ -6,8 +6,10 @@ rounds of 200 calls (scripts/bench_host_overhead.py's host_us). Two ways:
 - "launches stubbed": kernels.launch.launch itself a no-op (launchers_cpu.py's stubs): the Python around it;
 - "launch() kept": launch() as on the GPU, with each specialisation's compiled launcher a no-op (Triton's
   JITFunction.run returns a stand-in, kernels.launch._runner a no-op), so its key and the plans' binding count too.
+--autotuned: FLASH_AUTOTUNE=1 with every key tuned (the lookup of the autotuner's choice), as benchmarks and training
+run; without it, the fixed configs. --calls: instead of timing, the Python function calls a call makes (cProfile).
 
-    FLASH_AUTOTUNE=0 python results/attention/host_plans/varlen_cpu.py [--kept]
+    FLASH_AUTOTUNE=0 python results/attention/host_plans/varlen_cpu.py [--kept] [--autotuned] [--calls]
 """
 import os
 import sys
@@ -39,9 +41,19 @@ def keep_launch():
     stub_launches(L.launch)  # the Hopper checks as on the H100; launch() itself kept
 
 
+class _Tuned(dict):
+    """The autotuner's choices as after tuning: the same config for every key (FLASH_AUTOTUNE=1's lookup path)."""
+
+    def get(self, key, default=None):
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+
+
 def main():
-    kept = sys.argv[1:] == ["--kept"]
+    kept = "--kept" in sys.argv[1:]
     keep_launch() if kept else stub_launches(lambda *a: None)
+    if "--autotuned" in sys.argv[1:]:  # as the benchmarks and training run: FLASH_AUTOTUNE=1, every key tuned
+        os.environ["FLASH_AUTOTUNE"] = "1"
+        F._TUNED_CONFIGS = _Tuned()
     F._interpreting = L._interpreting = lambda: False  # the GPU's path through the launchers ...
     check = F.check_inputs
 
@@ -69,8 +81,24 @@ def main():
         out = F.flash_attn_varlen_qkvpacked_func(qkv, cu, 8, check_seqlens=False)
         torch.autograd.grad(out, qkv, grad)
 
+    if "--calls" in sys.argv[1:]:  # Python function calls a call makes (cProfile's count): no timing noise
+        import cProfile
+        import pstats
+
+        for _ in range(20):
+            step()
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(100):
+            step()
+        profile.disable()
+        stats = pstats.Stats(profile)
+        print(f"tree {os.getcwd()}: {stats.total_calls / 100:.0f} function calls ({stats.prim_calls / 100:.0f} "
+              f"primitive) a varlen forward + backward{' (launch() kept)' if kept else ''}")
+        return
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; tree {os.getcwd()}: varlen forward + backward "
-          f"{host_us(step, calls=200, repeats=7):.1f} us a call ({'launch() kept' if kept else 'launches stubbed'})")
+          f"{host_us(step, calls=200, repeats=7):.1f} us a call ({'launch() kept' if kept else 'launches stubbed'}"
+          f"{', autotuned' if '--autotuned' in sys.argv else ''})")
 
 
 if __name__ == "__main__":
