@@ -18,6 +18,7 @@ SDPA-flash with dropout 0 and 0.1, forward and forward+backward, one process:
     python scripts/bench_attention.py --dropout --tag dropout_gpt2
 Every provider at the GPT-2 small and BERT-large (padded, varlen) training shapes, dropout 0 and 0.1:
     python scripts/bench_attention.py --model-shapes --rounds 3 --tag model_shapes_h100
+  (--providers ours sdpa_cudnn: those rows only, in a minute or two)
 Writes <tag>.csv, <tag>.json (rows + GPU, versions, date, command, autotune picks), <tag>.md, <tag>.png
 (--dropout: <tag>.json and <tag>.md) to --out, by default results/attention/.
 """
