@@ -137,7 +137,7 @@ def test_model_shapes_time_every_provider_at_both_shapes_and_count_real_tokens(m
 
     monkeypatch.setattr(ba, "bench_point", bench_point)
     monkeypatch.setattr(ba, "autotune_picks", lambda: {})
-    args = argparse.Namespace(out=str(tmp_path), tag="m", rep=10, rounds=3)
+    args = argparse.Namespace(out=str(tmp_path), tag="m", rep=10, rounds=3, providers=None)
     ba.model_shapes(args, {"gpu": "X", "date": "d", "command": "c", "rounds": 3})
     assert calls == [(16, 1024, True, 3), (16, 1024, True, 3), (56, 512, False, 3), (56, 512, False, 3)]
     rows = json.loads((tmp_path / "m.json").read_text())["rows"]
@@ -150,6 +150,14 @@ def test_model_shapes_time_every_provider_at_both_shapes_and_count_real_tokens(m
     assert "| flex | 0.1 | ValueError: FlexAttention has no dropout | - | - | - | - | - | - |" in md
     assert "| flex | 0.1 | ValueError: FlexAttention has no dropout |" in md
     assert f"{int(lengths.sum()):,} real tokens of 28,672" in md
+    # --providers: those rows only, in the table's order; a provider these shapes do not run is refused
+    args.providers, args.tag = ["sdpa_cudnn", "ours"], "some"
+    ba.model_shapes(args, {"gpu": "X", "date": "d", "command": "c", "rounds": 3})
+    rows = json.loads((tmp_path / "some.json").read_text())["rows"]
+    assert [r["provider"] for r in rows] == ["ours", "sdpa_cudnn"] * 4
+    args.providers = ["ours", "standard"]
+    with pytest.raises(SystemExit, match="not standard"):
+        ba.model_shapes(args, {"gpu": "X", "date": "d", "command": "c", "rounds": 3})
 
 
 def test_graphed_upto_graphs_only_the_short_rows(tmp_path, monkeypatch):
