@@ -306,7 +306,11 @@ class Prepared:
     which is the contract: the key's other parts are the prepared numbers and constexprs, and what it reads of the
     tensors is their dtypes and 16-byte alignment, both fixed by a plan's geometry (its inputs' are part of the plan's
     key, and the buffers it allocates come from torch's allocator, aligned to 512 bytes on CUDA). A launch hook, the
-    interpreter or another current device take launch() again."""
+    interpreter or another current device take launch() again.
+
+    `run(tensors, values)` is the same launch with values of its own at the `varying` positions of the numbers: a
+    varlen plan is made without the packed length, and each call passes the strides made of it. A varying number the
+    kernel specialises on would make the kept runner wrong for other values, so such a Prepared never binds."""
 
     __slots__ = ("kernel", "grid", "numbers", "constexprs", "descriptors", "varying", "_bound", "_calls")
 
@@ -314,10 +318,7 @@ class Prepared:
                  varying: tuple = ()):
         self.kernel, self.grid, self.numbers, self.constexprs = kernel, grid, numbers, constexprs
         self.descriptors = descriptors
-        # positions in numbers that a call may give anew (`run`): a varlen batch's packed length and the LSE strides
-        # made of it. Where the kernel keys one of them (not do_not_specialize), launch() finds each value its own
-        # specialisation, so such a Prepared never binds.
-        self.varying = varying
+        self.varying = varying  # positions in numbers that `run` gives anew each call
         self._bound = None  # (device, runner, tail, (grid x, y, z), the runner's descriptor-parts entry or None)
         self._calls = 0 if not varying or _unkeyed(kernel, len(numbers), varying) else _NEVER_BIND
 
