@@ -189,6 +189,61 @@ def test_prepared_varying_numbers_reach_the_kernel_and_bind_only_where_unkeyed(f
     assert [entry[1][9 + 2] for entry in fake.log[-4:] if entry[0] == "direct"] == [64, 64]  # launch()'s own entries
 
 
+# Run without the interpreter (a fresh process: the kernels are then Triton's JITFunctions, whose parameters say which
+# numbers are do_not_specialize), every compiled launcher a no-op: the launchers' plans on BERT's varlen path.
+_BIND_PROBE = """
+import os, sys
+import torch
+from triton.runtime.jit import JITFunction
+import kernels.flash as F
+import kernels.launch as L
+
+class Compiled:
+    def _init_handles(self):
+        pass
+
+JITFunction.run = lambda self, *args, **kwargs: Compiled()
+L._runner = lambda compiled, leading: (lambda *args: None)
+L._current_device = lambda: 0
+L._current_stream = lambda device: 0
+F._interpreting = L._interpreting = lambda: False
+prepared = []
+real_init = L.Prepared.__init__
+def record(self, *args, **kwargs):
+    real_init(self, *args, **kwargs)
+    prepared.append(self)
+L.Prepared.__init__ = record
+head_dim, dropout_p = int(sys.argv[1]), float(sys.argv[2])
+F._fused_bwd = lambda q, p, block_d: p > 0  # as on an H100 at head dims up to 32 (it wants CUDA tensors)
+for lengths in ([5, 37, 20], [30, 3, 40], [9, 40, 14]):  # one plan: the same count, the longest rounds to 48
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v, do = (torch.randn(sum(lengths), 2, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    o, lse, seed = F._flash_fwd(q, k, v, 0.125, False, dropout_p, True, cu, cu, 40, 40)
+    F._flash_bwd(do, q, k, v, o, lse, seed, 0.125, False, dropout_p, True, cu, cu, 40, 40)
+print(" ".join(f"{p.kernel.fn.__name__}:{p._bound is not None}" for p in prepared))
+"""
+
+
+@pytest.mark.parametrize("head_dim, dropout_p, expected", [
+    (64, 0.0, "_fwd_kernel:True _bwd_dq_kernel:True _bwd_dkdv_kernel:True"),
+    # the fused backward: delta's launch binds; the dK/dV kernel is specialised on its dQ rows (a packed length)
+    (32, 0.1, "_fwd_kernel:True _bwd_preprocess_kernel:True _bwd_dkdv_kernel:False")])
+def test_varlen_plans_bind_across_packed_lengths(head_dim, dropout_p, expected):
+    """Three varlen batches of other packed lengths share one plan, and from the third call its launches call the kept
+    runner directly (the LSE strides passed each call are do_not_specialize): checked on Triton's own kernel objects,
+    in a process without the interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["FLASH_AUTOTUNE"] = "0"
+    out = subprocess.run([sys.executable, "-c", _BIND_PROBE, str(head_dim), str(dropout_p)], env=env, cwd=os.getcwd(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == expected
+
+
 def test_hooks_and_interpreter_take_triton_path(fake, monkeypatch):
     x, y = torch.zeros(64), torch.zeros(64)
     args = (x, y, 64, 16, 1000, 0.5)
