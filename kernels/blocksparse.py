@@ -57,8 +57,10 @@ from kernels.flash import (
     TensorGeometry,
     _bwd_preprocess_launch,
     _drop_consts,
+    _fresh_grads,
+    _key_geometry,
     _lastdim_contig,
-    _packed_geometry,
+    _new_grads,
     _packed_lse_geometry,
     LOG2E,
     _block_d,
@@ -561,14 +563,11 @@ def _bs_forward(q, k, v, tables, block_size, causal, sm_scale, dropout_p, cu_q=N
     built for the layout's own lengths and the grid sized by the longest sequence. Through a plan per call geometry
     (kernels/flash.py's `_plan`): the launch's arguments are worked out once per geometry, a call allocates and
     launches."""
-    varlen = cu_q is not None
-    # varlen: keyed without the packed length, which changes every batch (kernels/flash.py `_packed_geometry`)
-    geometry = _packed_geometry if varlen else TensorGeometry
+    # varlen: keyed without the packed length, which changes every batch (kernels/flash.py `_key_geometry`)
+    geometry, varlen_key = _key_geometry(cu_q, cu_k, max_q, max_k)
     plan = _plan(_bs_fwd_setup, (
-        geometry(q), geometry(k), geometry(v), tuple(map(TensorGeometry, tables[:3])),
-        TensorGeometry(cu_q) if varlen else None, TensorGeometry(cu_k) if varlen else None,
-        _varlen_max(max_q) if varlen else None, _varlen_max(max_k) if varlen else None, block_size, causal, sm_scale,
-        dropout_p, _interpreting()))
+        geometry(q), geometry(k), geometry(v), tuple(map(TensorGeometry, tables[:3])), *varlen_key, block_size,
+        causal, sm_scale, dropout_p, _interpreting()))
     return plan(q, k, v, tables, cu_q, cu_k)
 
 
@@ -622,14 +621,11 @@ def _bs_backward(do, q, k, v, o, lse, seed, tables, block_size, causal, sm_scale
     """(dq, dk, dv); out: three tensors shaped like q, k, v to write them into (views of one packed dqkv). Through a
     plan per call geometry, as `_bs_forward`."""
     do = _lastdim_contig(do)
-    varlen = cu_q is not None
-    geometry = _packed_geometry if varlen else TensorGeometry  # as `_bs_forward`'s
+    geometry, varlen_key = _key_geometry(cu_q, cu_k, max_q, max_k)  # as `_bs_forward`'s
     plan = _plan(_bs_bwd_setup, (
         geometry(do), geometry(q), geometry(k), geometry(v), geometry(o),
-        _packed_lse_geometry(lse) if varlen else TensorGeometry(lse), TensorGeometry(seed),
-        tuple(map(TensorGeometry, tables[3:])), TensorGeometry(cu_q) if varlen else None,
-        TensorGeometry(cu_k) if varlen else None, _varlen_max(max_q) if varlen else None,
-        _varlen_max(max_k) if varlen else None, None if out is None else tuple(map(geometry, out)),
+        TensorGeometry(lse) if cu_q is None else _packed_lse_geometry(lse), TensorGeometry(seed),
+        tuple(map(TensorGeometry, tables[3:])), *varlen_key, None if out is None else tuple(map(geometry, out)),
         block_size, causal, sm_scale, dropout_p, _interpreting()))
     return plan(do, q, k, v, o, lse, seed, tables, cu_q, cu_k, out)
 
@@ -643,11 +639,7 @@ class _BlockSparseBackward:
     def __call__(self, do, q, k, v, o, lse, seed, tables, cu_q, cu_k, out):
         device, varlen = self.device, self.varlen
         delta = torch.empty(lse_shape(o, varlen), dtype=torch.float32, device=device)
-        if out is None:
-            dq, dk, dv = (torch.empty(t.shape, dtype=dtype, device=device)
-                          for t, dtype in zip((q, k, v), self.grad_dtypes))
-        else:
-            dq, dk, dv = out
+        dq, dk, dv = _new_grads(q, k, v, self.grad_dtypes, device) if out is None else out
         if varlen:  # the packed length: delta's head stride, and the LSE's
             self.preprocess.run((o, do, delta, o, cu_q), (o.shape[0],))
             tensors, values = (q, k, v, do, dq, dk, dv, lse, delta, seed, *tables[3:], cu_q, cu_k), (lse.stride(0),)
@@ -675,9 +667,7 @@ def _bs_bwd_setup(do, q, k, v, o, lse, seed, bwd_tables, cu_q, cu_k, max_q, max_
     delta = TensorGeometry.fresh(lse_shape(o, varlen), torch.float32, q.device)
     plan.preprocess = _bwd_preprocess_launch(o, do, delta, None, varlen, batch, max_q if varlen else o.shape[1])
     plan.grad_dtypes = (q.dtype, k.dtype, v.dtype)
-    if grads is None:
-        grads = tuple(TensorGeometry.fresh(t.shape, t.dtype, q.device) for t in (q, k, v))
-    dq, dk, dv = grads
+    dq, dk, dv = _fresh_grads(q, k, v, device=q.device)[1] if grads is None else grads
     thresh, drop_scale = _drop_consts(dropout_p)
     bm1, bn1, bm2, bn2, warps, stages = _tiles("bwd", block_size, d)
     col_full, _, col_idx, row_full, _, row_idx = bwd_tables

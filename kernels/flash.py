@@ -914,6 +914,11 @@ def _autotuning() -> bool:
     return not _env_is("FLASH_AUTOTUNE", "0")
 
 
+def _tuning_key(kind, consts: dict, tune: tuple, dtypes: tuple) -> tuple:
+    """`_TUNED_CONFIGS`' key of a launch: the kind, the two sequence buckets, the constexprs, the dtypes."""
+    return kind, *tune, *consts.values(), *dtypes
+
+
 def _launch_config(kind, tuned, consts: dict, tune: tuple, dtypes: tuple) -> dict | None:
     """The block sizes and launch options of one launch: the interpreter's small blocks; the fixed config with
     FLASH_AUTOTUNE=0 or tuned=None; else the autotuner's choice for the key, None while it has not been tuned."""
@@ -922,7 +927,7 @@ def _launch_config(kind, tuned, consts: dict, tune: tuple, dtypes: tuple) -> dic
     if tuned is None or not _autotuning():
         m, n, w, s = fallback_configs(consts["BLOCK_D"])[kind]
         return {"BLOCK_M": m, "BLOCK_N": n, **_KIND_CONSTS.get(kind, {}), "num_warps": w, "num_stages": s}
-    return _TUNED_CONFIGS.get((kind, *tune, *consts.values(), *dtypes))
+    return _TUNED_CONFIGS.get(_tuning_key(kind, consts, tune, dtypes))
 
 
 def _launch(kind, raw, tuned, grid_of, args, consts, dtypes=()):
@@ -932,7 +937,7 @@ def _launch(kind, raw, tuned, grid_of, args, consts, dtypes=()):
     config = _launch_config(kind, tuned, consts, args[-2:], dtypes)
     if config is None:  # the key's first call: tune, keep the choice
         tuned[lambda meta: grid_of(meta)](*args, **consts)
-        _TUNED_CONFIGS[(kind, *args[-2:], *consts.values(), *dtypes)] = tuned.best_config.all_kwargs()
+        _TUNED_CONFIGS[_tuning_key(kind, consts, args[-2:], dtypes)] = tuned.best_config.all_kwargs()
     elif _interpreting():
         raw[grid_of(config)](*args, **consts, **config)
     else:
@@ -1105,6 +1110,12 @@ def _plan(setup, key: tuple):
             _PLANS.clear()
         plan = _PLANS[setup, key] = setup(*key)
     return plan
+
+
+def _new_grads(q, k, v, dtypes: tuple, device) -> tuple:
+    """Fresh dQ, dK, dV shaped like q, k, v in these dtypes: what a plan allocates per call where the shapes are not
+    part of its key (varlen: the packed length)."""
+    return tuple(torch.empty(t.shape, dtype=dtype, device=device) for t, dtype in zip((q, k, v), dtypes))
 
 
 def _fresh_grads(q, k, v, dtype=None, device=None) -> tuple:
@@ -1549,6 +1560,16 @@ def _packed_lse_geometry(lse):
                                           lse.data_ptr() % 16))
 
 
+def _key_geometry(cu_q, cu_k, max_q, max_k) -> tuple:
+    """(how a plan keys the call's q-like tensors, its key's cu_seqlens and longest lengths): dense (cu_q None) by
+    TensorGeometry, the lengths in the shapes; varlen without the packed length (`_packed_geometry`), by the
+    cu_seqlens' geometries and the longest lengths as the kernels get them (`_varlen_max`). Shared with
+    kernels/blocksparse.py's plans."""
+    if cu_q is None:
+        return TensorGeometry, (None, None, None, None)
+    return _packed_geometry, (TensorGeometry(cu_q), TensorGeometry(cu_k), _varlen_max(max_q), _varlen_max(max_k))
+
+
 def _pointer_geometry(t):
     """What a launch keys of a tensor it passes only as an unused pointer (a seed without dropout)."""
     return None if t is None else (t.dtype, t.device, t.data_ptr() % 16)
@@ -1603,12 +1624,8 @@ class _JitForward:
 def _jit_fwd_plan(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, dropout_p, out_dtype, warp_spec):
     """The @triton.jit forward of this call (a `_JitForward`), made once per geometry; varlen (cu_q given): per
     geometry but for the packed length, and per longest sequence as the kernels get it (`_varlen_max`)."""
-    if cu_q is None:
-        geometry, lengths = TensorGeometry, (None, None)
-    else:
-        geometry, lengths = _packed_geometry, (_varlen_max(max_q), _varlen_max(max_k))
-        cu_q, cu_k = TensorGeometry(cu_q), TensorGeometry(cu_k)
-    return _plan(_jit_fwd_setup, (geometry(q), geometry(k), geometry(v), cu_q, cu_k, *lengths, softmax_scale, causal,
+    geometry, varlen_key = _key_geometry(cu_q, cu_k, max_q, max_k)
+    return _plan(_jit_fwd_setup, (geometry(q), geometry(k), geometry(v), *varlen_key, softmax_scale, causal,
                                   dropout_p, out_dtype, warp_spec, (_interpreting(), _autotuning())))
 
 
@@ -1649,11 +1666,7 @@ class _JitBackward:
         device, varlen = self.device, self.varlen
         if self.compute_delta:
             delta = torch.empty(lse_shape(q, varlen), dtype=torch.float32, device=device)
-        if out is None:
-            dq, dk, dv = (torch.empty(t.shape, dtype=dtype, device=device)
-                          for t, dtype in zip((q, k, v), self.grad_dtypes))
-        else:
-            dq, dk, dv = out
+        dq, dk, dv = _new_grads(q, k, v, self.grad_dtypes, device) if out is None else out
         if not varlen:
             cu_q = cu_k = lse
         lse_head = (lse.stride(0),) if varlen else ()
@@ -1676,17 +1689,12 @@ class _JitBackward:
 def _jit_bwd_plan(do, q, k, v, o, lse, seed, delta, out, grad_dtype, cu_q, cu_k, max_q, max_k, softmax_scale,
                   causal, dropout_p):
     """The @triton.jit backward of this call (a `_JitBackward`), made once per geometry as `_jit_fwd_plan`."""
-    if cu_q is None:
-        geometry, lse_geometry, lengths = TensorGeometry, TensorGeometry, (None, None)
-    else:
-        geometry, lse_geometry = _packed_geometry, _packed_lse_geometry
-        lengths = (_varlen_max(max_q), _varlen_max(max_k))
-        cu_q, cu_k = TensorGeometry(cu_q), TensorGeometry(cu_k)
+    geometry, varlen_key = _key_geometry(cu_q, cu_k, max_q, max_k)
+    lse_geometry = TensorGeometry if cu_q is None else _packed_lse_geometry
     return _plan(_jit_bwd_setup, (
         geometry(do), geometry(q), geometry(k), geometry(v), geometry(o) if delta is None else None, lse_geometry(lse),
         geometry(seed) if dropout_p > 0 else _pointer_geometry(seed), None if delta is None else lse_geometry(delta),
-        None if out is None else tuple(map(geometry, out)), grad_dtype, cu_q, cu_k, *lengths, softmax_scale, causal,
-        dropout_p, (_interpreting(), _autotuning(), torch.are_deterministic_algorithms_enabled(),
+        None if out is None else tuple(map(geometry, out)), grad_dtype, *varlen_key, softmax_scale, causal, dropout_p, (_interpreting(), _autotuning(), torch.are_deterministic_algorithms_enabled(),
                     FUSED_DROPOUT_BWD_MAX_D)))
 
 
@@ -1707,9 +1715,7 @@ def _jit_bwd_setup(do, q, k, v, o, lse, seed, delta, grads, grad_dtype, cu_q, cu
     if compute_delta:
         delta = TensorGeometry.fresh(lse_shape(q, varlen), torch.float32, device)
     plan.grad_dtypes = tuple(grad_dtype or t.dtype for t in (q, k, v))
-    if grads is None:
-        grads = tuple(TensorGeometry.fresh(t.shape, dtype, device) for t, dtype in zip((q, k, v), plan.grad_dtypes))
-    dq, dk, dv = grads
+    dq, dk, dv = _fresh_grads(q, k, v, grad_dtype, device)[1] if grads is None else grads
     plan.fused = fused = _fused_bwd(q, dropout_p, _block_d(headdim))
     slb, slh = lse_strides(lse, varlen)
     thresh, drop_scale = _drop_consts(dropout_p)
